@@ -1,0 +1,27 @@
+"""stoker: keep the GPU fed. Pack image data sets into sequential shards and read them fast.
+
+    stoker pack SRC DST  ──>  DST/stoker.json + shard-*.tar + shard-*.idx
+    ShardDataset(DST)    ──>  (image, label) items for torch.utils.data.DataLoader
+    QuasiRandomSampler   ──>  a shuffle that reads each block of a shard once, in one piece
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from stoker.data.dataset import ShardDataset
+from stoker.data.sampler import QuasiRandomSampler
+from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
+from stoker.pack import PackResult, pack
+
+__all__ = [
+    "CorruptDataError",
+    "FormatError",
+    "PackError",
+    "PackResult",
+    "QuasiRandomSampler",
+    "ShardDataset",
+    "StokerError",
+    "__version__",
+    "pack",
+]

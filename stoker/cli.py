@@ -1,0 +1,162 @@
+"""The ``stoker`` command: pack, info, verify, cat, sample."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+
+from stoker.errors import StokerError
+from stoker.format import DEFAULT_SHARD_BYTES, read_manifest
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``256MB``, ``1g``, ``500k`` or plain bytes; binary units (1 MB = 2**20 bytes)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256MB, 1GB, 65536)")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``stoker`` console command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except StokerError as e:
+        print(f"stoker: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from stoker.pack import pack
+
+    result = pack(args.src, args.dst, shard_bytes=args.shard_size, workers=args.workers,
+                  shuffle_seed=args.shuffle_seed, max_side=args.max_side, quality=args.quality,
+                  verify_decode=args.verify_decode, strict=args.strict, progress=not args.quiet)
+    rate = result.source_bytes / result.seconds / 1e6 if result.seconds else 0.0
+    print(f"packed {result.num_samples} samples into {result.num_shards} shards "
+          f"({result.total_bytes / 1e6:.1f} MB) in {result.dst} in {result.seconds:.1f} s ({rate:.1f} MB/s read)")
+    if result.reused_shards:
+        print(f"reused {result.reused_shards} shards finished by an earlier run")
+    if result.rejected:
+        print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst / 'rejected.tsv'}:")
+        for path, reason in result.rejected[:5]:
+            print(f"  {path}: {reason}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    manifest = read_manifest(args.dst)
+    if args.json:
+        print(manifest.to_json(), end="")
+        return 0
+    total = sum(s.bytes for s in manifest.shards)
+    classes = manifest.classes or []
+    print(f"data set     {args.dst}")
+    print(f"samples      {manifest.num_samples}")
+    print(f"shards       {len(manifest.shards)} ({total / 1e6:.1f} MB, mean {total / max(1, len(manifest.shards)) / 1e6:.1f} MB)")
+    print(f"fields       {', '.join(f'{k} ({v})' for k, v in manifest.schema.items())}")
+    names = f" ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})" if classes else ""
+    print(f"classes      {len(classes)}{names}")
+    print(f"source       {manifest.source.get('kind')} {manifest.source.get('path')}")
+    print(f"options      {json.dumps(manifest.source.get('options', {}))}")
+    print(f"made by      stoker {manifest.created_by.get('stoker_version')} at {manifest.created_by.get('created')}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from stoker.format.verify import verify_dataset
+
+    manifest = read_manifest(args.dst)
+    with tqdm(total=len(manifest.shards), unit="shard", desc="verify", disable=args.quiet) as bar:
+        problems = verify_dataset(args.dst, on_shard=lambda _: bar.update())
+    for problem in problems:
+        print(f"DAMAGED {problem}")
+    if problems:
+        print(f"{len(problems)} problems in {args.dst}", file=sys.stderr)
+        return 1
+    print(f"OK: {manifest.num_samples} samples in {len(manifest.shards)} shards match their checksums")
+    return 0
+
+
+def _cat(args: argparse.Namespace) -> int:
+    from stoker.data.dataset import ShardDataset
+
+    dataset = ShardDataset(args.dst, decode="raw")
+    try:
+        index = int(args.sample) if re.fullmatch(r"-?\d+", args.sample) else dataset.index_of(args.sample)
+        members = dataset.read_sample(index if index >= 0 else index + len(dataset))
+    except (KeyError, IndexError):
+        raise StokerError(f"{args.dst}: no sample {args.sample!r}") from None
+    field = args.field or next(f for f in members if dataset.shards.manifest.schema.get(f) == "image")
+    if field not in members:
+        raise StokerError(f"{args.dst}: sample {args.sample!r} has no field {field!r} (has {', '.join(members)})")
+    sys.stdout.buffer.write(members[field])
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from stoker.sample_data import make_sample_photos
+
+    path = make_sample_photos(args.dst, count=args.count, num_classes=args.classes, seed=args.seed,
+                              progress=not args.quiet)
+    print(f"{args.count} sample photos in {path}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack and read image data sets fast.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
+    p.add_argument("src", help="ImageFolder-style tree (ROOT/<class>/<images>) or a CSV/TSV of path,label")
+    p.add_argument("dst", help="output folder (created; must be empty or a previous pack of the same input)")
+    p.add_argument("--shard-size", type=parse_size, default=DEFAULT_SHARD_BYTES, help="target shard size (default 256MB)")
+    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: all cores)")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the sample order at pack time")
+    p.add_argument("--max-side", type=int, default=None, help="re-encode images larger than N pixels on a side")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    p.add_argument("--verify-decode", action="store_true", help="fully decode every image to check it")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad input instead of skipping it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_pack)
+
+    p = commands.add_parser("info", help="summary of a packed data set")
+    p.add_argument("dst")
+    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.set_defaults(run=_info)
+
+    p = commands.add_parser("verify", help="check every shard and sample; exit 1 on damage")
+    p.add_argument("dst")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=_verify)
+
+    p = commands.add_parser("cat", help="write one member's bytes to stdout")
+    p.add_argument("dst")
+    p.add_argument("sample", help="sample key or global index")
+    p.add_argument("field", nargs="?", help="member field (default: the image)")
+    p.set_defaults(run=_cat)
+
+    p = commands.add_parser("sample", help="generate a folder of realistic sample photos")
+    p.add_argument("dst")
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=_sample)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

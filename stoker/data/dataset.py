@@ -1,0 +1,141 @@
+"""ShardDataset: a map-style torch Dataset over a stoker data set, a drop-in for ImageFolder."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch.utils.data
+
+from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
+from stoker.data.shards import DEFAULT_BLOCK_BYTES, ShardSet
+from stoker.errors import CorruptDataError, StokerError
+
+log = logging.getLogger(__name__)
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """Items are ``(image, label)``, as torchvision's ImageFolder gives, read from packed shards.
+
+    ``decode`` picks the image type: ``"pil"`` (RGB PIL image), ``"rgb"`` (HWC uint8 numpy),
+    ``"tensor"`` (CHW uint8 tensor) or ``"raw"`` (stored bytes). ``transform`` and
+    ``target_transform`` apply as in ImageFolder. Files open lazily in each process and pickling
+    carries only the path, so it works with DataLoader workers under fork and spawn.
+
+    Damaged data raises CorruptDataError naming shard and sample. With ``on_error="skip"`` the
+    next readable sample is returned instead and ``skipped`` counts the skips (per process).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        decode: DecodeMode = "pil",
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        verify: bool = True,
+        on_error: Literal["raise", "skip"] = "raise",
+        field: str | None = None,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> None:
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.root = os.fspath(path)
+        self.decode = decode
+        self.transform = transform
+        self.target_transform = target_transform
+        self.on_error = on_error
+        self.skipped = 0
+        self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes)
+        schema = self.shards.manifest.schema
+        self._image_fields = (field,) if field else tuple(f for f, kind in schema.items() if kind == "image")
+        if not self._image_fields:
+            raise StokerError(f"{self.root}: the data set has no image field (schema: {schema})")
+        self._targets: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        n = len(self)
+        index = int(index)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for a data set of {n} samples")
+        if self.on_error == "raise":
+            return self._load(index)
+        for attempt in range(n):
+            try:
+                return self._load((index + attempt) % n)
+            except (CorruptDataError, OSError) as e:
+                self.skipped += 1
+                log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
+        raise CorruptDataError(self.root, None, "no readable sample left")
+
+    def _load(self, index: int) -> tuple[Any, Any]:
+        shard, local = self.shards.locate(index)
+        reader = self.shards.reader(shard)
+        members = reader.index.sample_members(local)
+        names = [reader.index.fields[int(m["field"])] for m in members]
+        position = next((j for j, name in enumerate(names) if name in self._image_fields), None)
+        if position is None:
+            raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
+        data = reader.read_member(local, members[position])
+        try:
+            image = decode_image(data, self.decode)
+        except Exception as e:  # Pillow raises many types for bad data
+            raise CorruptDataError(reader.path, reader.index.key(local),
+                                   f"image does not decode ({type(e).__name__}: {e})") from None
+        label = int(reader.index.labels[local])
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names; index i is label i, as ImageFolder assigns them (sorted folder names)."""
+        return list(self.shards.manifest.classes or [])
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Every sample's label (int64 array), read from the indexes without touching shard data."""
+        if self._targets is None:
+            self._targets = self.shards.column("label")
+        return self._targets
+
+    def key(self, index: int) -> str:
+        """The key (WebDataset ``__key__``) of sample ``index``."""
+        shard, local = self.shards.locate(index)
+        return self.shards.index(shard).key(local)
+
+    def index_of(self, key: str) -> int:
+        """Global index of the sample with ``key``; KeyError if there is none."""
+        for shard, start in enumerate(self.shards.starts[:-1]):
+            local = self.shards.index(shard).find(key)
+            if local >= 0:
+                return int(start) + local
+        raise KeyError(key)
+
+    def read_sample(self, index: int) -> dict[str, bytes]:
+        """Every stored member of sample ``index`` as bytes, keyed by field (``jpg``, ``cls``, ...)."""
+        return self.shards.read_members(index)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_targets"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"ShardDataset({self.root!r}, decode={self.decode!r}, samples={len(self)}, classes={len(self.classes)})"

@@ -1,0 +1,27 @@
+"""Turning stored image bytes into what the user asked for."""
+
+from __future__ import annotations
+
+import io
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+DecodeMode = Literal["pil", "rgb", "tensor", "raw"]
+DECODE_MODES: tuple[str, ...] = ("pil", "rgb", "tensor", "raw")
+
+
+def decode_image(data: bytes, mode: DecodeMode) -> Image.Image | np.ndarray | torch.Tensor | bytes:
+    """``pil``: RGB PIL image (as ImageFolder's loader gives); ``rgb``: HWC uint8 array;
+    ``tensor``: CHW uint8 tensor; ``raw``: the stored bytes, undecoded (to time pure I/O)."""
+    if mode == "raw":
+        return data
+    with Image.open(io.BytesIO(data)) as image:
+        rgb = image.convert("RGB")
+    if mode == "pil":
+        return rgb
+    if mode == "rgb":
+        return np.array(rgb)
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1)))

@@ -1,0 +1,63 @@
+"""Sample orders as pure functions of numpy arrays: blocks, quasi-random shuffles, rank shares.
+
+Everything here is deterministic in its inputs (seed and epoch come in as arguments), so each
+rank computes the same global order without talking to the others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def block_bounds(shard_of_sample: np.ndarray, sample_start: np.ndarray, block_bytes: int) -> np.ndarray:
+    """Split samples into blocks of consecutive samples within one shard, about ``block_bytes`` each.
+
+    A sample belongs to block ``start // block_bytes`` of its shard. Returns positions
+    ``bounds`` with block i holding samples ``bounds[i]:bounds[i + 1]``.
+    """
+    n = len(sample_start)
+    if n == 0:
+        return np.zeros(1, np.int64)
+    block = sample_start.astype(np.int64) // block_bytes
+    change = (np.diff(shard_of_sample) != 0) | (np.diff(block) != 0)
+    return np.concatenate([[0], np.flatnonzero(change) + 1, [n]]).astype(np.int64)
+
+
+def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
+    """Shuffle the blocks, then shuffle samples within each group of ``window`` consecutive blocks.
+
+    Each block is consumed while its group is open and never again, so a reader sees ``window``
+    blocks at a time instead of the whole data set.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    sizes = np.diff(bounds)
+    visit = rng.permutation(len(sizes))
+    visit_sizes = sizes[visit]
+    n = int(sizes.sum())
+    first = np.cumsum(visit_sizes) - visit_sizes
+    samples = np.repeat(bounds[visit], visit_sizes) + (np.arange(n) - np.repeat(first, visit_sizes))
+    group = np.repeat(np.arange(len(visit)) // max(1, window), visit_sizes)
+    return samples[np.lexsort((rng.random(n), group))]
+
+
+def rank_share(order: np.ndarray, rank: int, world: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s contiguous slice of ``order``; every rank gets the same length.
+
+    With ``drop_last`` the tail that does not divide evenly is dropped; otherwise the order is
+    padded by repeating its start, as torch's DistributedSampler does.
+    """
+    n = len(order)
+    per_rank = n // world if drop_last else -(-n // world)
+    total = per_rank * world
+    if total > n:
+        order = np.resize(order, total)
+    return order[rank * per_rank : (rank + 1) * per_rank]
+
+
+def classes_per_batch(labels_in_order: np.ndarray, batch_size: int) -> float:
+    """Mean number of distinct labels per batch: a simple measure of how well an order mixes classes."""
+    n = len(labels_in_order) // batch_size * batch_size
+    if n == 0:
+        return float(len(np.unique(labels_in_order)))
+    batches = np.sort(labels_in_order[:n].reshape(-1, batch_size), axis=1)
+    return float(((np.diff(batches, axis=1) != 0).sum(axis=1) + 1).mean())

@@ -1,0 +1,79 @@
+"""QuasiRandomSampler: an I/O-friendly shuffle for any DataLoader over a ShardDataset."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch.distributed as dist
+import torch.utils.data
+
+from stoker.data.dataset import ShardDataset
+from stoker.data.order import block_bounds, quasi_random_order, rank_share
+
+_CHUNK = 1 << 16
+
+
+class QuasiRandomSampler(torch.utils.data.Sampler[int]):
+    """Each epoch: shuffle blocks of consecutive samples (``dataset``'s ``block_bytes``, 8 MiB by
+    default), then draw samples at random from ``window`` blocks open at a time.
+
+    Each block is read once, as a whole, instead of one random read per sample. Under DDP each rank
+    gets a disjoint, equal-length share of the same global order (``num_replicas`` and ``rank``
+    default to torch.distributed's); call :meth:`set_epoch` each epoch, as with DistributedSampler.
+    Mixing is weaker than a full shuffle when the pack kept samples sorted by class: pack with
+    ``--shuffle-seed`` or raise ``window`` (see :func:`stoker.data.order.classes_per_batch`).
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        *,
+        window: int = 16,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        shards = dataset.shards
+        counts = np.diff(shards.starts)
+        shard_of_sample = np.repeat(np.arange(len(counts)), counts)
+        self.bounds = block_bounds(shard_of_sample, shards.column("start"), shards.block_bytes)
+        self.window = window
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.num_samples = int(self.bounds[-1])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` (same on every rank)."""
+        self.epoch = epoch
+
+    def order(self) -> np.ndarray:
+        """This rank's sample indices for the current epoch."""
+        if self.shuffle:
+            global_order = quasi_random_order(self.bounds, self.window, self.seed, self.epoch)
+        else:
+            global_order = np.arange(self.num_samples, dtype=np.int64)
+        return rank_share(global_order, self.rank, self.num_replicas, self.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        share = self.order()
+        for start in range(0, len(share), _CHUNK):
+            yield from share[start : start + _CHUNK].tolist()
+
+    def __len__(self) -> int:
+        n = self.num_samples
+        return n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)

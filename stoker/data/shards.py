@@ -1,0 +1,157 @@
+"""Low-level reading of a data set: locate a sample, read its members with ``pread``, check them.
+
+Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
+and pickling carries only the path, so a ShardSet works under fork and spawn alike.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from stoker.errors import CorruptDataError
+from stoker.format import FileChecksum, Manifest, ShardEntry, ShardIndex, member_checksum, read_manifest
+
+# Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
+# blocks, and the reader asks the kernel to read a whole block once the pattern of reads shows
+# that the block is being consumed (so a spinning disk sees a few large reads, not many small ones).
+DEFAULT_BLOCK_BYTES = 8 << 20
+_RECENT_BLOCKS = 64
+
+
+class ShardReader:
+    """One shard: its index (memory-mapped) and a file descriptor, opened on the first read and
+    read with ``os.pread`` (thread-safe, no shared file position)."""
+
+    def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int) -> None:
+        self.path = str(root / entry.name)
+        self.entry = entry
+        self.verify = verify
+        self.block_bytes = block_bytes
+        self.index = ShardIndex.open(root / entry.index)
+        if verify:
+            self._check_index()
+        if len(self.index) != entry.count:
+            raise CorruptDataError(self.path, None, f"index holds {len(self.index)} samples, manifest says {entry.count}")
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[int, bool] = OrderedDict()
+
+    def read_member(self, local: int, member: np.void) -> bytes:
+        """The bytes of one member of sample ``local``, checked against the index checksum."""
+        offset, size = int(member["offset"]), int(member["size"])
+        fd = self._fd if self._fd is not None else self._open()
+        self._readahead(fd, offset)
+        try:
+            data = os.pread(fd, size, offset)
+        except OSError as e:
+            raise CorruptDataError(self.path, self.index.key(local), f"read failed: {e.strerror or e}") from None
+        if len(data) != size:
+            raise CorruptDataError(self.path, self.index.key(local),
+                                   f"shard truncated: member needs bytes {offset}-{offset + size}, "
+                                   f"file ends at {os.fstat(fd).st_size}")
+        if self.verify and member_checksum(data) != int(member["checksum"]):
+            field = self.index.fields[int(member["field"])]
+            raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
+        return data
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                try:
+                    self._fd = os.open(self.path, os.O_RDONLY)
+                except OSError as e:
+                    raise CorruptDataError(self.path, None, f"cannot open shard: {e.strerror or e}") from None
+            return self._fd
+
+    def _check_index(self) -> None:
+        digest = FileChecksum()
+        digest.update(self.index.buffer)
+        if digest.hexdigest() != self.entry.index_checksum:
+            raise CorruptDataError(self.index.source, None, "index checksum does not match the manifest")
+
+    def _readahead(self, fd: int, offset: int) -> None:
+        """On the second read inside a block, ask the kernel to read the whole block in one go."""
+        block = offset // self.block_bytes
+        with self._lock:
+            hinted = self._seen.get(block)
+            self._seen[block] = hinted is not None
+            self._seen.move_to_end(block)
+            if len(self._seen) > _RECENT_BLOCKS:
+                self._seen.popitem(last=False)
+        if hinted is False:
+            os.posix_fadvise(fd, block * self.block_bytes, self.block_bytes, os.POSIX_FADV_WILLNEED)
+
+
+class ShardSet:
+    """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
+
+    def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+        self.root = Path(root)
+        self.verify = verify
+        self.block_bytes = block_bytes
+        self.manifest: Manifest = read_manifest(self.root)
+        self.starts = self.manifest.shard_starts()
+        self._readers: dict[int, ShardReader] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number, position in shard) of global sample ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for a data set of {len(self)}")
+        shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return shard, i - int(self.starts[shard])
+
+    def reader(self, shard: int) -> ShardReader:
+        """The reader of shard number ``shard``, opened on first use in this process."""
+        reader = self._readers.get(shard)
+        if reader is None:
+            with self._lock:
+                reader = self._readers.get(shard)
+                if reader is None:
+                    reader = ShardReader(self.root, self.manifest.shards[shard], self.verify, self.block_bytes)
+                    self._readers[shard] = reader
+        return reader
+
+    def index(self, shard: int) -> ShardIndex:
+        """The index of shard number ``shard`` (opened without opening the shard itself)."""
+        return self.reader(shard).index
+
+    def read_members(self, i: int) -> dict[str, bytes]:
+        """Every member of global sample ``i``, keyed by field name."""
+        shard, local = self.locate(i)
+        reader = self.reader(shard)
+        return {reader.index.fields[int(m["field"])]: reader.read_member(local, m)
+                for m in reader.index.sample_members(local)}
+
+    def column(self, name: str) -> np.ndarray:
+        """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""
+        parts = [self.index(s).samples[name] for s in range(len(self.manifest.shards))]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_readers"] = {}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

@@ -1,0 +1,33 @@
+"""Exceptions raised by stoker. Every message names the file (and sample) and the reason."""
+
+from __future__ import annotations
+
+
+class StokerError(Exception):
+    """Base class of every error stoker raises on purpose."""
+
+
+class FormatError(StokerError):
+    """A manifest or index does not follow the stoker format (wrong version, bad field, unsafe path)."""
+
+
+class CorruptDataError(StokerError):
+    """Stored bytes do not match their checksum, or a shard is truncated or unreadable.
+
+    ``shard`` is the shard file's path and ``key`` the sample's key (None when the damage is not
+    tied to one sample).
+    """
+
+    def __init__(self, shard: str, key: str | None = None, reason: str = "") -> None:
+        self.shard = shard
+        self.key = key
+        self.reason = reason
+        where = f"{shard}, sample {key!r}" if key is not None else shard
+        super().__init__(f"{where}: {reason}" if reason else where)
+
+    def __reduce__(self):
+        return type(self), (self.shard, self.key, self.reason)
+
+
+class PackError(StokerError):
+    """Packing stopped: a bad input under ``strict``, an unwritable destination or a full disk."""

@@ -1,0 +1,191 @@
+"""The binary index stored beside each shard: numpy structured arrays, memory-mapped when read.
+
+Layout (little endian, every section 8-byte aligned)::
+
+    header    HEADER_DTYPE, 64 bytes
+    samples   SAMPLE_DTYPE  x num_samples   key, label, members and byte span of each sample
+    members   MEMBER_DTYPE  x num_members   data offset, size, xxh3-64 and field of each member
+    fields    field names, UTF-8, each followed by NUL
+    keys      NUL, then each sample key, UTF-8, followed by NUL
+
+The index gives O(1) access to any member without scanning the tar, and labels and keys without
+touching shard data. Worker processes share the mapped pages instead of copying Python objects.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stoker.errors import FormatError
+
+INDEX_MAGIC = b"STKIDX\x00\x01"
+INDEX_VERSION = 1
+NO_LABEL = -1
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("flags", "<u4"),
+        ("num_samples", "<u8"),
+        ("num_members", "<u8"),
+        ("fields_nbytes", "<u8"),
+        ("keys_nbytes", "<u8"),
+        ("shard_bytes", "<u8"),
+        ("reserved", "<u8"),
+    ]
+)
+SAMPLE_DTYPE = np.dtype(
+    [
+        ("label", "<i8"),
+        ("first_member", "<u8"),
+        ("num_members", "<u4"),
+        ("key_len", "<u4"),
+        ("key_offset", "<u8"),
+        ("start", "<u8"),  # first byte of the sample's first tar header
+        ("end", "<u8"),  # one past the padding of its last member
+    ]
+)
+MEMBER_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("size", "<u8"),
+        ("checksum", "<u8"),
+        ("field", "<u4"),
+        ("reserved", "<u4"),
+    ]
+)
+
+
+def _aligned(n: int) -> int:
+    return n + (-n % 8)
+
+
+class ShardIndex:
+    """Read access to one shard's index; arrays are views of the mapped file."""
+
+    def __init__(self, buffer: np.ndarray, source: str) -> None:
+        self.source = source
+        self.buffer = buffer
+        if buffer.nbytes < HEADER_DTYPE.itemsize:
+            raise FormatError(f"{source}: index too short ({buffer.nbytes} bytes)")
+        header = buffer[: HEADER_DTYPE.itemsize].view(HEADER_DTYPE)[0]
+        if header["magic"] != INDEX_MAGIC:
+            raise FormatError(f"{source}: not a stoker index (bad magic)")
+        if header["version"] != INDEX_VERSION:
+            raise FormatError(f"{source}: index version {header['version']} is not supported (want {INDEX_VERSION})")
+        n, m = int(header["num_samples"]), int(header["num_members"])
+        fields_nbytes, keys_nbytes = int(header["fields_nbytes"]), int(header["keys_nbytes"])
+        pos = HEADER_DTYPE.itemsize
+        sections = []
+        for nbytes in (n * SAMPLE_DTYPE.itemsize, m * MEMBER_DTYPE.itemsize, fields_nbytes, keys_nbytes):
+            sections.append((pos, pos + nbytes))
+            pos = _aligned(pos + nbytes)
+        if sections[-1][1] != buffer.nbytes:
+            raise FormatError(f"{source}: index is {buffer.nbytes} bytes, header describes {sections[-1][1]}")
+        (s0, s1), (m0, m1), (f0, f1), (k0, k1) = sections
+        self.shard_bytes = int(header["shard_bytes"])
+        self.samples = buffer[s0:s1].view(SAMPLE_DTYPE)
+        self.members = buffer[m0:m1].view(MEMBER_DTYPE)
+        names = buffer[f0:f1].tobytes()
+        self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in names.split(b"\0")[:-1]) if names else ()
+        self._keys = buffer[k0:k1]
+        self._check()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> ShardIndex:
+        """Memory-map the index file at ``path``."""
+        path = os.fspath(path)
+        try:
+            size = os.path.getsize(path)
+            buffer = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        except OSError as e:
+            raise FormatError(f"{path}: cannot open index: {e.strerror or e}") from e
+        return cls(buffer, path)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str) -> ShardIndex:
+        return cls(np.frombuffer(data, dtype=np.uint8), source)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.samples["label"]
+
+    def key(self, i: int) -> str:
+        """Key of sample ``i`` of this shard."""
+        row = self.samples[i]
+        start = int(row["key_offset"])
+        return self._keys[start : start + int(row["key_len"])].tobytes().decode("utf-8")
+
+    def find(self, key: str) -> int:
+        """Position of the sample with this key in the shard, or -1."""
+        pos = self._keys.tobytes().find(b"\0" + key.encode("utf-8") + b"\0")
+        if pos < 0:
+            return -1
+        return int(np.searchsorted(self.samples["key_offset"], pos + 1))
+
+    def sample_members(self, i: int) -> np.ndarray:
+        """The member rows of sample ``i``, in tar order."""
+        row = self.samples[i]
+        first = int(row["first_member"])
+        return self.members[first : first + int(row["num_members"])]
+
+    def _check(self) -> None:
+        """Cheap structural checks, so a damaged index fails here and not as a wild read later."""
+        s, m = self.samples, self.members
+        bad = None
+        if len(s) and (s["first_member"] + s["num_members"]).max(initial=0) > len(m):
+            bad = "sample member ranges run past the member table"
+        elif len(m) and (m["offset"] + m["size"]).max(initial=0) > self.shard_bytes:
+            bad = "member extends past the end of the shard"
+        elif len(m) and m["field"].max(initial=0) >= len(self.fields):
+            bad = "member refers to an unknown field"
+        elif len(s) and (s["key_offset"] + s["key_len"]).max(initial=0) > len(self._keys):
+            bad = "key runs past the key table"
+        elif len(s) and (s["end"].max(initial=0) > self.shard_bytes or np.any(s["start"] > s["end"])):
+            bad = "sample byte span outside the shard"
+        if bad:
+            raise FormatError(f"{self.source}: corrupt index: {bad}")
+
+
+@dataclass
+class IndexBuilder:
+    """Collects one shard's samples while it is written, then serialises the index."""
+
+    _samples: list[tuple] = field(default_factory=list)
+    _members: list[tuple] = field(default_factory=list)
+    _fields: dict[str, int] = field(default_factory=dict)
+    _keys: bytearray = field(default_factory=lambda: bytearray(b"\0"))
+
+    def add(self, key: str, label: int, members: list[tuple[str, int, int, int]], start: int, end: int) -> None:
+        """Record a sample; ``members`` holds (field, data offset, size, checksum) in tar order."""
+        encoded = key.encode("utf-8")
+        self._samples.append((label, len(self._members), len(members), len(encoded), len(self._keys), start, end))
+        self._keys += encoded + b"\0"
+        for name, offset, size, checksum in members:
+            field_id = self._fields.setdefault(name, len(self._fields))
+            self._members.append((offset, size, checksum, field_id, 0))
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def to_bytes(self, shard_bytes: int) -> bytes:
+        """The index file's bytes, for a shard of ``shard_bytes`` bytes."""
+        fields = b"".join(name.encode("utf-8") + b"\0" for name in self._fields)
+        header = np.zeros(1, HEADER_DTYPE)
+        header[0] = (INDEX_MAGIC, INDEX_VERSION, 0, len(self._samples), len(self._members),
+                     len(fields), len(self._keys), shard_bytes, 0)
+        parts = [
+            header.tobytes(),
+            np.array(self._samples, dtype=SAMPLE_DTYPE).tobytes(),
+            np.array(self._members, dtype=MEMBER_DTYPE).tobytes(),
+            fields,
+            bytes(self._keys),
+        ]
+        return b"".join(p + b"\0" * (-len(p) % 8) for p in parts[:-1]) + parts[-1]

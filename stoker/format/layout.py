@@ -1,0 +1,53 @@
+"""Where things live in a data set folder, and the checks that keep every path inside it."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from stoker.errors import FormatError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "stoker.json"
+REJECTED_NAME = "rejected.tsv"
+WORK_DIR_NAME = ".stoker-pack"
+DEFAULT_SHARD_BYTES = 256 << 20
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
+def shard_name(number: int) -> str:
+    """File name of shard ``number`` (its index sits beside it, see :func:`index_name`)."""
+    return f"shard-{number:06d}.tar"
+
+
+def index_name(shard: str) -> str:
+    """File name of the index that belongs to the shard named ``shard``."""
+    return shard.removesuffix(".tar") + ".idx"
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a plain file name inside the data set folder, else raise.
+
+    Manifests come from untrusted sources: a name with a separator, ``..``, a leading dot or an
+    absolute path could make a reader open a file outside the data set.
+    """
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+        raise FormatError(f"unsafe file name in manifest: {name!r} (must be a plain name inside the data set)")
+    return name
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,296 @@
+"""``pack``: turn an image folder or path list into a stoker data set, in parallel, resumably.
+
+    source listing ──> plan (fixed up front) ──> one job per shard ──> worker processes
+                                                                         │ ShardWriter: tmp, fsync, rename
+    manifest (written last) <── records of finished shards <────────────┘
+
+A rerun after a kill or a full disk reuses every shard whose record matches the plan and redoes
+the rest; a manifest only ever lists complete shards. The source is only read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing
+import os
+import queue
+import shutil
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from stoker import __version__
+from stoker.errors import PackError
+from stoker.format import (
+    DEFAULT_SHARD_BYTES,
+    MANIFEST_NAME,
+    REJECTED_NAME,
+    Manifest,
+    ShardEntry,
+    atomic_write,
+    read_manifest,
+    shard_name,
+    write_manifest,
+)
+from stoker.format.layout import WORK_DIR_NAME
+from stoker.pack import plan
+from stoker.pack.images import BadInput
+from stoker.pack.shard_job import CLASS_FIELD, ImageOptions, ShardJob, ShardRecord, load_sample, run_shard_job
+from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
+
+_SIZE_SAMPLE = 1000
+_REENCODE_SAMPLE = 32
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """Summary of a finished pack."""
+
+    dst: Path
+    num_samples: int
+    num_shards: int
+    total_bytes: int
+    source_bytes: int
+    rejected: list[tuple[str, str]]
+    reused_shards: int
+    seconds: float
+
+
+def pack(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    workers: int | None = None,
+    shuffle_seed: int | None = None,
+    max_side: int | None = None,
+    quality: int = 90,
+    verify_decode: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+) -> PackResult:
+    """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
+
+    Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
+    Raises PackError when it cannot finish; completed shards are kept for the next run.
+    """
+    started = time.perf_counter()
+    source = open_source(src)
+    dst = Path(dst)
+    _check_destination(source, dst)
+    image = ImageOptions(max_side, quality, verify_decode)
+    plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image), shard_bytes, shuffle_seed)
+
+    if (dst / MANIFEST_NAME).exists():
+        return _existing_result(dst, plan_digest, started)
+    work_dir = dst / WORK_DIR_NAME
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(work_dir):
+        _remove_temporaries(dst)
+        per_shard = _samples_per_shard(source, work_dir, plan_digest, image, shard_bytes)
+        order = plan.pack_order(len(source), shuffle_seed)
+        bounds = plan.shard_bounds(len(source), per_shard)
+        jobs = []
+        for number in range(len(bounds) - 1):
+            picks = order[bounds[number] : bounds[number + 1]]
+            items = [(source.paths[i], source.keys[i], int(source.labels[i])) for i in picks]
+            jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst),
+                                 str(work_dir), image, strict))
+        records, reused = _run_jobs(jobs, workers, progress)
+        manifest = _assemble_manifest(source, records, {
+            "shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image)}, plan_digest)
+        rejected = [r for record in records for r in record.rejected]
+        _write_rejected(dst, rejected)
+        write_manifest(dst, manifest)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    source_bytes = sum(record.source_bytes for record in records)
+    return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
+                      source_bytes, rejected, reused, time.perf_counter() - started)
+
+
+def _check_destination(source: Source, dst: Path) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise PackError(f"{dst}: exists and is not a folder")
+    if source.kind == "image_folder" and dst.resolve().is_relative_to(source.root):
+        raise PackError(f"{dst}: is inside the source folder {source.root}; packing never writes into its source")
+    if dst.exists():
+        ours = {MANIFEST_NAME, REJECTED_NAME, WORK_DIR_NAME}
+        foreign = [p.name for p in dst.iterdir() if p.name not in ours and not p.name.startswith((".shard-", "shard-"))]
+        if foreign:
+            raise PackError(f"{dst}: folder holds other files ({', '.join(sorted(foreign)[:3])}); "
+                            "pack into an empty or new folder")
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PackError(f"{dst}: cannot create folder: {e.strerror or e}") from None
+
+
+def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
+    """A finished data set is reused when it was made from the same listing and options."""
+    manifest = read_manifest(dst)
+    if manifest.source.get("plan") != plan_digest:
+        raise PackError(f"{dst}: already holds a stoker data set made from other input or options; "
+                        "pack into a new folder or delete it first")
+    return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
+                      0, [], len(manifest.shards), time.perf_counter() - started)
+
+
+class _exclusive_lock:
+    """Refuses a second pack into the same folder while one runs; released when its process dies."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self._path = work_dir / "lock"
+
+    def __enter__(self) -> None:
+        self._file = open(self._path, "w")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise PackError(f"{self._path.parent.parent}: another stoker pack is writing here") from None
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+def _remove_temporaries(dst: Path) -> None:
+    for tmp in dst.glob(".shard-*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions, shard_bytes: int) -> int:
+    """Estimated from a spread sample of file sizes (re-encoded sizes when the pack shrinks images).
+
+    The estimate is saved with the plan, so a resumed pack cuts shards exactly where the first run did.
+    """
+    saved = work_dir / "plan.json"
+    try:
+        stored = json.loads(saved.read_text())
+        if stored["digest"] == plan_digest:
+            return int(stored["samples_per_shard"])
+    except (OSError, ValueError, KeyError):
+        pass
+    positions = plan.sample_positions(len(source), _SIZE_SAMPLE)
+    sizes = [os.path.getsize(source.paths[i]) for i in positions if os.path.isfile(source.paths[i])]
+    mean = float(np.mean(sizes)) if sizes else 1.0
+    if image.max_side is not None:
+        stored_sizes, original_sizes = [], []
+        for i in positions[:: max(1, len(positions) // _REENCODE_SAMPLE)][:_REENCODE_SAMPLE]:
+            try:
+                _, data, original_size = load_sample(source.paths[i], image)
+                stored_sizes.append(len(data))
+                original_sizes.append(original_size)
+            except (BadInput, OSError):
+                continue
+        if original_sizes:
+            mean *= sum(stored_sizes) / sum(original_sizes)
+    per_shard = plan.samples_per_shard(mean, shard_bytes)
+    atomic_write(saved, json.dumps({"digest": plan_digest, "samples_per_shard": per_shard}).encode())
+    return per_shard
+
+
+def _is_done(job: ShardJob) -> ShardRecord | None:
+    """The job's record if its shard was finished by an earlier run and still matches the plan."""
+    record = ShardRecord.load(job.work_dir, job.name)
+    if record is None or record.digest != job.digest:
+        return None
+    if record.entry is not None:
+        tar = Path(job.dst) / record.entry.name
+        idx = Path(job.dst) / record.entry.index
+        if not (tar.is_file() and tar.stat().st_size == record.entry.bytes
+                and idx.is_file() and idx.stat().st_size == record.entry.index_bytes):
+            return None
+    return record
+
+
+def _run_jobs(jobs: list[ShardJob], workers: int | None, show_progress: bool) -> tuple[list[ShardRecord], int]:
+    """Run the unfinished jobs on a process pool; return every job's record, in shard order."""
+    records: dict[str, ShardRecord] = {}
+    for job in jobs:
+        if (record := _is_done(job)) is not None:
+            records[job.name] = record
+    todo = [job for job in jobs if job.name not in records]
+    total = sum(len(job.items) for job in jobs)
+    initial = total - sum(len(job.items) for job in todo)
+    bar = tqdm(total=total, initial=initial, unit="img", desc="pack", disable=not show_progress, smoothing=0.1)
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    progress_queue = context.Queue()
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(progress_queue,)) as pool:
+            pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    _drain(progress_queue, bar)
+                    for future in done:
+                        record = future.result()
+                        records[record.name] = record
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+        _drain(progress_queue, bar)
+    finally:
+        bar.close()
+    return [records[job.name] for job in jobs], len(jobs) - len(todo)
+
+
+_queue = None
+
+
+def _init_worker(progress_queue) -> None:
+    global _queue
+    _queue = progress_queue
+
+
+def _worker_job(job: ShardJob) -> ShardRecord:
+    return run_shard_job(job, lambda n, nbytes: _queue.put((n, nbytes)))
+
+
+def _drain(progress_queue, bar: tqdm) -> None:
+    while True:
+        try:
+            n, _ = progress_queue.get_nowait()
+        except queue.Empty:
+            return
+        bar.update(n)
+
+
+def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict, plan_digest: str) -> Manifest:
+    shards, start, fields = [], 0, {}
+    for record in records:
+        if record.entry is None:
+            continue
+        shards.append(ShardEntry(**{**asdict(record.entry), "start": start}))
+        start += record.entry.count
+        fields.update(dict.fromkeys(record.fields))
+    schema = {f: _field_kind(f) for f in fields}
+    return Manifest(
+        num_samples=start,
+        shards=shards,
+        schema=schema,
+        classes=source.classes,
+        source={"kind": source.kind, "path": str(source.root), "listed": len(source), "options": options,
+                "plan": plan_digest},
+        created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+    )
+
+
+def _field_kind(field_name: str) -> str:
+    if field_name == CLASS_FIELD:
+        return "class"
+    return "image" if f".{field_name}" in IMAGE_EXTENSIONS else "bytes"
+
+
+def _write_rejected(dst: Path, rejected: list[tuple[str, str]]) -> None:
+    lines = ["path\treason"] + [f"{path}\t{reason}" for path, reason in rejected]
+    atomic_write(dst / REJECTED_NAME, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
+

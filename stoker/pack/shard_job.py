@@ -1,0 +1,127 @@
+"""One unit of packing work: read, check and write the samples of one planned shard.
+
+Runs in a worker process. The result is also saved as a small JSON record in the work folder,
+which is how a rerun after a kill knows the shard is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stoker.errors import PackError
+from stoker.format import NO_LABEL, ShardEntry, atomic_write
+from stoker.pack.images import DEFAULT_MAX_PIXELS, BadInput, inspect_image, shrink_image
+from stoker.pack.writer import ShardWriter
+
+CLASS_FIELD = "cls"
+PROGRESS_EVERY = 32
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How each image is checked and whether it is re-encoded."""
+
+    max_side: int | None = None
+    quality: int = 90
+    verify_decode: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """The samples planned for one shard, as (path, key, label) triples, and where it goes."""
+
+    name: str
+    items: list[tuple[str, str, int]]
+    digest: str
+    dst: str
+    work_dir: str
+    image: ImageOptions
+    strict: bool
+
+
+@dataclass
+class ShardRecord:
+    """Outcome of a job: the written shard (None if every input was rejected) and the rejects."""
+
+    name: str
+    digest: str
+    entry: ShardEntry | None
+    source_bytes: int = 0
+    fields: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+    def save(self, work_dir: str | os.PathLike) -> None:
+        atomic_write(Path(work_dir) / f"{self.name}.json", json.dumps(asdict(self)).encode("utf-8"))
+
+    @classmethod
+    def load(cls, work_dir: str | os.PathLike, name: str) -> ShardRecord | None:
+        """The saved record, or None if there is none or it does not parse."""
+        try:
+            data = json.loads((Path(work_dir) / f"{name}.json").read_text(encoding="utf-8"))
+            entry = ShardEntry(**data["entry"]) if data["entry"] else None
+            return cls(data["name"], data["digest"], entry, data["source_bytes"], data["fields"],
+                       [tuple(r) for r in data["rejected"]])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
+    """Read and check one image; return its field name, the bytes to store and the source size."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadInput(f"cannot read: {e.strerror or e}") from None
+    info = inspect_image(data, full_decode=options.verify_decode, max_pixels=options.max_pixels)
+    field_name = os.path.splitext(path)[1].lower().lstrip(".") or info.format.lower()
+    if options.max_side is not None:
+        shrunk = shrink_image(data, info, options.max_side, options.quality)
+        if shrunk is not None:
+            return "jpg", shrunk, len(data)
+    return field_name, data, len(data)
+
+
+def run_shard_job(job: ShardJob, progress=None) -> ShardRecord:
+    """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError."""
+    rejected: list[tuple[str, str]] = []
+    done = done_bytes = source_bytes = 0
+    try:
+        with ShardWriter(job.dst, job.name) as writer:
+            for path, key, label in job.items:
+                try:
+                    field_name, data, original_size = load_sample(path, job.image)
+                except BadInput as e:
+                    if job.strict:
+                        raise PackError(f"{path}: {e.reason} (stopped by --strict)") from None
+                    rejected.append((path, e.reason))
+                else:
+                    members = [(field_name, data)]
+                    if label != NO_LABEL:
+                        members.append((CLASS_FIELD, str(label).encode("ascii")))
+                    writer.add(key, label, members)
+                    done_bytes += len(data)
+                    source_bytes += original_size
+                done += 1
+                if progress and done % PROGRESS_EVERY == 0:
+                    progress(done, done_bytes)
+                    done = done_bytes = source_bytes = 0
+            if len(writer):
+                written = writer.commit()
+                entry, fields = written.entry, list(written.fields)
+            else:
+                writer.abort()
+                entry, fields = None, []
+    except OSError as e:
+        raise PackError(f"{job.dst}: cannot write shard {job.name}: {e.strerror or e}") from None
+    if progress:
+        progress(done, done_bytes)
+    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected)
+    try:
+        record.save(job.work_dir)
+    except OSError as e:
+        raise PackError(f"{job.work_dir}: cannot record shard {job.name}: {e.strerror or e}") from None
+    return record

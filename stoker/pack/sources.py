@@ -1,0 +1,122 @@
+"""What can be packed: an ImageFolder-style tree or a CSV/TSV list of ``path,label``.
+
+A source is listed once, up front, into plain arrays; the shard plan is computed from that listing,
+so a rerun after a kill sees the same plan and can resume.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stoker.errors import PackError
+from stoker.format import NO_LABEL
+
+# The extensions torchvision's ImageFolder accepts, so both list the same files.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass
+class Source:
+    """A listed source: parallel sequences of paths, keys and labels, plus class names."""
+
+    kind: str
+    root: Path
+    paths: list[str]
+    keys: list[str]
+    labels: np.ndarray
+    classes: list[str] | None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def open_source(src: str | os.PathLike) -> Source:
+    """List ``src``: a folder is read as ImageFolder, a ``.csv``/``.tsv``/``.txt`` file as a path list."""
+    src = Path(src)
+    if src.is_dir():
+        return list_image_folder(src)
+    if src.is_file():
+        return read_path_list(src)
+    raise PackError(f"{src}: no such folder or list file")
+
+
+def list_image_folder(root: Path) -> Source:
+    """Class folders below ``root`` (sorted, as ImageFolder assigns indices), image files anywhere below them."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    if not classes:
+        raise PackError(f"{root}: no class folders found (expected ROOT/<class>/<image files>)")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        for folder, dirs, files in os.walk(root / name, followlinks=True):
+            dirs.sort()
+            for file in sorted(files):
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    paths.append(os.path.join(folder, file))
+                    labels.append(label)
+    if not paths:
+        raise PackError(f"{root}: no image files found in the class folders")
+    keys = make_keys([os.path.relpath(p, root) for p in paths])
+    return Source("image_folder", root.resolve(), paths, keys, np.array(labels, dtype=np.int64), classes)
+
+
+def read_path_list(list_file: Path) -> Source:
+    """A CSV or TSV of ``path[,label]`` rows; an optional header row starts with ``path``.
+
+    Relative paths are relative to the list's folder. Integer labels are kept as given; other
+    labels are class names, indexed in sorted order as ImageFolder does.
+    """
+    delimiter = "\t" if list_file.suffix.lower() == ".tsv" else ","
+    base = list_file.parent
+    rows = []
+    with open(list_file, newline="", encoding="utf-8") as f:
+        for line, row in enumerate(csv.reader(f, delimiter=delimiter), 1):
+            if not row or not row[0].strip() or row[0].startswith("#"):
+                continue
+            if line == 1 and row[0].strip().lower() == "path":
+                continue
+            if len(row) > 2:
+                raise PackError(f"{list_file}:{line}: expected 'path{delimiter}label', got {len(row)} columns")
+            rows.append((row[0].strip(), row[1].strip() if len(row) == 2 else ""))
+    if not rows:
+        raise PackError(f"{list_file}: the list holds no paths")
+    raw_labels = [label for _, label in rows]
+    classes: list[str] | None = None
+    if all(label == "" for label in raw_labels):
+        labels = np.full(len(rows), NO_LABEL, dtype=np.int64)
+    elif all(re.fullmatch(r"\d+", label) for label in raw_labels):
+        labels = np.array([int(label) for label in raw_labels], dtype=np.int64)
+    else:
+        classes = sorted(set(raw_labels))
+        index = {name: i for i, name in enumerate(classes)}
+        labels = np.array([index[label] for label in raw_labels], dtype=np.int64)
+    paths = [str(base / p) for p, _ in rows]
+    rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
+    return Source("path_list", list_file.resolve(), paths, make_keys(rel), labels, classes)
+
+
+def make_keys(relative_paths: list[str]) -> list[str]:
+    """WebDataset keys from relative paths: extension dropped, no dots in the last part, unique.
+
+    WebDataset splits ``<key>.<field>`` at the first dot of the last path component, and tar
+    readers extract names as paths, so keys never hold ``..``, a leading ``/`` or control characters.
+    """
+    keys, seen = [], set()
+    for rel in relative_paths:
+        parts = [p for p in Path(rel).with_suffix("").as_posix().split("/") if p not in ("", ".")]
+        parts = ["_" if p == ".." else p for p in parts] or ["_"]
+        parts[-1] = parts[-1].replace(".", "_")
+        key = _UNSAFE_KEY_CHARS.sub("_", "/".join(parts)).encode("utf-8", "replace").decode("utf-8")
+        unique, n = key, 1
+        while unique in seen:
+            n += 1
+            unique = f"{key}_{n}"
+        seen.add(unique)
+        keys.append(unique)
+    return keys
