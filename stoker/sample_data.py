@@ -1,9 +1,10 @@
-"""A small, realistic sample photo set in ImageFolder layout, for ``make demo``, tests and benchmarks.
+"""A small sample set of real photos in ImageFolder layout, for ``make demo``, tests and benchmarks.
 
-Synthetic noise images compress unlike photos, so every image here is a randomly cropped,
-flipped, colour-shifted and slightly noisy view of one of the real photographs bundled in
-scikit-image's wheel (nothing is downloaded). Class ``i`` is drawn from source photo
-``i % len(SOURCES)``, so classes look different from each other.
+Synthetic images compress unlike photos, so each image here is a random crop of one of the
+real photographs that ship inside scikit-image's wheel (nothing is downloaded), resized to
+ImageNet-like ~500x375, flipped, colour-shifted and given mild sensor-like grain so its JPEG
+size and decode cost resemble a real photo's. Class ``i`` comes from ``SOURCES[i % len(SOURCES)]``,
+so classes look different from each other.
 """
 
 from __future__ import annotations
@@ -11,44 +12,52 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-# Bundled skimage.data photos, most distinct first (a default 10-class set uses the first 10).
-# Each picks the photo out of what the skimage.data function returns.
-SOURCES: dict[str, Callable[[Any], np.ndarray]] = {
-    "astronaut": lambda d: d.astronaut(),
-    "coffee": lambda d: d.coffee(),
-    "chelsea": lambda d: d.chelsea(),
-    "rocket": lambda d: d.rocket(),
-    "hubble_deep_field": lambda d: d.hubble_deep_field(),
-    "retina": lambda d: d.retina(),
-    "motorcycle": lambda d: d.stereo_motorcycle()[0],
-    "immunohistochemistry": lambda d: d.immunohistochemistry(),
-    "camera": lambda d: d.camera(),
-    "coins": lambda d: d.coins(),
-    "grass": lambda d: d.grass(),
-    "gravel": lambda d: d.gravel(),
-    "brick": lambda d: d.brick(),
-    "moon": lambda d: d.moon(),
-    "clock": lambda d: d.clock(),
-    "cell": lambda d: d.cell(),
-}
+from stoker.errors import StokerError
+
+# skimage.data photos whose files are bundled in the wheel, most distinct first (the default
+# 10 classes use the first 10). Grayscale ones become RGB.
+SOURCES = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "retina",
+    "stereo_motorcycle",  # the left view
+    "immunohistochemistry",
+    "camera",
+    "coins",
+    "grass",
+    "gravel",
+    "brick",
+    "moon",
+    "clock",
+    "cell",
+)
 
 # Output (width, height) and how often each is drawn: mostly landscape, like ImageNet photos.
 SIZES = ((500, 375), (375, 500), (500, 333))
 SIZE_PROBS = (0.7, 0.15, 0.15)
 
-# Std-dev of the luma noise, in 8-bit levels. Noise is what sets the JPEG size: at 3.0 and
-# quality 90, 200 images average ~XX KB (measured), in the range of real 500x375 photos.
-NOISE_SIGMA = 8.0
+# Std-dev of the grain, in 8-bit levels, added equally to R, G and B (luma noise). The grain is
+# what sets the JPEG size: at 8.0 and quality 90, 200 images average 74.6 KB (min 58, max 92;
+# 74.1 KB over 1000), within the 60-100 KB of real ~500x375 photos. Without grain: ~44 KB.
+NOISE_SIGMA = 0.0
 
 # Sources are shrunk once to this longest side: enough for a 500 px output, and resizing a
-# crop of the 1411 px retina photo would otherwise cost more than the whole rest of an image.
+# crop of the 1411 px retina photo would otherwise cost more than all the rest of an image.
 MAX_SOURCE_SIDE = 640
+
+# The grain is drawn once per call with this much margin, and each image adds a randomly
+# offset window of it: drawing 190k normals per image would take about a third of its time.
+_GRAIN_MARGIN = 64
+_GRAIN_SIDE = max(max(size) for size in SIZES) + _GRAIN_MARGIN
 
 
 def _import_skimage_data() -> Any:
@@ -56,15 +65,22 @@ def _import_skimage_data() -> Any:
     try:
         import skimage.data
     except ImportError as exc:
-        raise ImportError(
-            "make_sample_photos needs scikit-image for its bundled photos: "
-            "pip install 'stoker[sample]'"
-        ) from exc
+        raise ImportError("make_sample_photos needs scikit-image for its bundled photos: pip install 'stoker[sample]'") from exc
     return skimage.data
 
 
-def _render(source: Image.Image, rng: np.random.Generator, quality: int) -> bytes:
-    """One JPEG: random crop/scale/aspect of `source`, resize, flip, colour shift, noise."""
+def _load_source(data: Any, name: str) -> Image.Image:
+    """One bundled photo as RGB, at most MAX_SOURCE_SIDE on its longest side."""
+    pixels = getattr(data, name)()
+    if isinstance(pixels, tuple):  # stereo_motorcycle: (left, right, disparity)
+        pixels = pixels[0]
+    photo = Image.fromarray(pixels).convert("RGB")
+    photo.thumbnail((MAX_SOURCE_SIDE, MAX_SOURCE_SIDE), Image.Resampling.LANCZOS)
+    return photo
+
+
+def _render(source: Image.Image, grain: np.ndarray, rng: np.random.Generator, quality: int) -> bytes:
+    """One JPEG: random crop of `source`, resize, flip, colour shift, grain."""
     out_w, out_h = SIZES[rng.choice(len(SIZES), p=SIZE_PROBS)]
     src_w, src_h = source.size
     # Crop 30-100% of the source area at the output's aspect (+-10%: photos aren't stretched),
@@ -88,11 +104,10 @@ def _render(source: Image.Image, rng: np.random.Generator, quality: int) -> byte
     # Colour shift as one per-channel lookup table: channel gain times overall brightness.
     gains = rng.uniform(0.85, 1.15, size=3) * rng.uniform(0.8, 1.2)
     lut = np.clip(np.arange(256)[None, :] * gains[:, None], 0, 255).astype(np.uint8)
-    pixels = np.asarray(img.point(lut.ravel().tolist()), dtype=np.int16)
+    img = img.point(lut.ravel().tolist())
 
-    # Sensor-like noise on luma only (chroma is subsampled by JPEG anyway); cheaper than RGB.
-    noise = rng.standard_normal((out_h, out_w, 1), dtype=np.float32) * NOISE_SIGMA
-    pixels += noise.round().astype(np.int16)
+    gy, gx = rng.integers(0, _GRAIN_MARGIN + 1, size=2)
+    pixels = np.asarray(img) + grain[gy : gy + out_h, gx : gx + out_w, None]  # float32
     np.clip(pixels, 0, 255, out=pixels)
 
     buf = io.BytesIO()
@@ -117,51 +132,42 @@ def make_sample_photos(
 ) -> pathlib.Path:
     """Write `count` JPEG photos as dst/<class>/<name>.jpg and return dst.
 
-    Images go round-robin to ``class_00``.. and are named ``img_000000.jpg``.. by global
-    index. Image ``i`` depends only on ``(seed, i)``, so output is byte-identical for a seed,
-    and a rerun on the same folder (including an interrupted one, or a larger `count`) only
-    writes the missing files. Raises FileExistsError if dst holds JPEGs of another layout or
-    settings, rather than mixing two sample sets.
+    Image ``i`` goes to ``class_{i % num_classes:02d}/img_{i:06d}.jpg`` and depends only on
+    ``(seed, i)``, so the output is byte-identical for a seed, and a rerun on the same folder
+    (an interrupted one, or a larger `count`) writes only the missing files. Raises
+    StokerError rather than mix sample sets when dst holds other JPEGs, or files made with
+    another seed or quality (one existing file is regenerated and compared).
     """
     if count < 0 or num_classes < 1 or seed < 0:
-        raise ValueError("need count >= 0, num_classes >= 1 and seed >= 0")
+        raise StokerError(f"need count >= 0, num_classes >= 1, seed >= 0 (got {count}, {num_classes}, {seed})")
     data = _import_skimage_data()
     dst = pathlib.Path(dst)
     class_width = max(2, len(str(num_classes - 1)))
     index_width = max(6, len(str(count - 1)))
-    paths = [
-        dst / f"class_{i % num_classes:0{class_width}d}" / f"img_{i:0{index_width}d}.jpg"
-        for i in range(count)
-    ]
-
+    paths = [dst / f"class_{i % num_classes:0{class_width}d}" / f"img_{i:0{index_width}d}.jpg" for i in range(count)]
     unexpected = set(dst.glob("*/*.jpg")) - set(paths)
     if unexpected:
-        raise FileExistsError(
-            f"{dst} holds {len(unexpected)} JPEGs that are not part of this sample "
-            f"(e.g. {min(unexpected)}); use an empty folder"
+        raise StokerError(
+            f"{dst} holds {len(unexpected)} JPEGs that are not part of this sample (e.g. {min(unexpected)}); use an empty folder"
         )
 
+    grain = np.random.default_rng((seed, 1)).standard_normal((_GRAIN_SIDE, _GRAIN_SIDE), dtype=np.float32)
+    grain *= NOISE_SIGMA
+    grain += 0.5  # so that the truncating cast to uint8 rounds
     sources: dict[int, Image.Image] = {}
-    names = list(SOURCES)
 
     def render(i: int) -> bytes:
-        k = (i % num_classes) % len(names)
+        k = i % num_classes % len(SOURCES)
         if k not in sources:
-            photo = Image.fromarray(SOURCES[names[k]](data)).convert("RGB")
-            photo.thumbnail((MAX_SOURCE_SIDE, MAX_SOURCE_SIDE), Image.Resampling.LANCZOS)
-            sources[k] = photo
-        return _render(sources[k], np.random.default_rng((seed, i)), quality)
+            sources[k] = _load_source(data, SOURCES[k])
+        return _render(sources[k], grain, np.random.default_rng((seed, 0, i)), quality)
 
     exists = [path.exists() for path in paths]
     todo = [i for i, done in enumerate(exists) if not done]
-    if len(todo) < count:
-        # Spot-check one existing file: other seed/quality settings would differ in its bytes.
+    if len(todo) < count:  # another seed or quality would change any file's bytes: check one
         i = exists.index(True)
         if paths[i].read_bytes() != render(i):
-            raise FileExistsError(
-                f"{paths[i]} differs from what seed={seed}, quality={quality} makes; "
-                "use an empty folder"
-            )
+            raise StokerError(f"{paths[i]} differs from what seed={seed}, quality={quality} makes; use an empty folder")
 
     dst.mkdir(parents=True, exist_ok=True)
     for i in range(min(count, num_classes)):

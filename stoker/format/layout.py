@@ -14,7 +14,7 @@ REJECTED_NAME = "rejected.tsv"
 WORK_DIR_NAME = ".stoker-pack"
 DEFAULT_SHARD_BYTES = 256 << 20
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def shard_name(number: int) -> str:
@@ -33,7 +33,7 @@ def check_name(name: str) -> str:
     Manifests come from untrusted sources: a name with a separator, ``..``, a leading dot or an
     absolute path could make a reader open a file outside the data set.
     """
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or ".." in name:
         raise FormatError(f"unsafe file name in manifest: {name!r} (must be a plain name inside the data set)")
     return name
 

@@ -79,7 +79,10 @@ def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
     info = inspect_image(data, full_decode=options.verify_decode, max_pixels=options.max_pixels)
     field_name = os.path.splitext(path)[1].lower().lstrip(".") or info.format.lower()
     if options.max_side is not None:
-        shrunk = shrink_image(data, info, options.max_side, options.quality)
+        try:
+            shrunk = shrink_image(data, info, options.max_side, options.quality)
+        except Exception as e:  # Pillow raises many types for bad data
+            raise BadInput(f"decode failed while shrinking ({type(e).__name__}: {e})") from None
         if shrunk is not None:
             return "jpg", shrunk, len(data)
     return field_name, data, len(data)
@@ -108,7 +111,7 @@ def run_shard_job(job: ShardJob, progress=None) -> ShardRecord:
                 done += 1
                 if progress and done % PROGRESS_EVERY == 0:
                     progress(done, done_bytes)
-                    done = done_bytes = source_bytes = 0
+                    done = done_bytes = 0
             if len(writer):
                 written = writer.commit()
                 entry, fields = written.entry, list(written.fields)

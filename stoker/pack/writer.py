@@ -82,9 +82,13 @@ class ShardWriter:
         return WrittenShard(entry, tuple(self._fields))
 
     def abort(self) -> None:
-        """Close and delete the temporary file; safe to call more than once."""
-        self._file.close()
-        self._tmp.unlink(missing_ok=True)
+        """Close and delete the temporary file; safe to call more than once, and on a full disk."""
+        try:
+            self._file.close()
+        except OSError:
+            pass  # closing flushes the buffer, which fails again on a full disk; the file goes anyway
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardWriter:
         return self

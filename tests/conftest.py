@@ -1,0 +1,65 @@
+"""Shared fixtures: real sample photos, odd-but-valid images, and packed data sets built from them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import stoker
+from stoker.sample_data import make_sample_photos
+
+PHOTOS = 96
+CLASSES = 4
+SMALL_SHARD = 600_000  # ~8 photos of ~70 KB: many shards from a small set
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory) -> Path:
+    """An ImageFolder tree of real-looking JPEG photos (read-only for tests)."""
+    return make_sample_photos(tmp_path_factory.mktemp("photos") / "src", count=PHOTOS, num_classes=CLASSES, seed=1)
+
+
+@pytest.fixture(scope="session")
+def packed(photos, tmp_path_factory) -> Path:
+    """``photos`` packed with small shards, so samples spread over many shards."""
+    dst = tmp_path_factory.mktemp("packed") / "ds"
+    stoker.pack(photos, dst, shard_bytes=SMALL_SHARD, workers=2, progress=False)
+    return dst
+
+
+def source_files(root: Path) -> dict[str, bytes]:
+    """Relative path without extension -> bytes, for every image below ``root``."""
+    return {p.relative_to(root).with_suffix("").as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="session")
+def odd_images(tmp_path_factory) -> Path:
+    """Valid images in every awkward mode: grayscale, CMYK, palette, alpha, 16-bit, progressive."""
+    root = tmp_path_factory.mktemp("odd") / "src"
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    files = {
+        "modes/gray.jpg": encode(rgb.convert("L"), "JPEG"),
+        "modes/cmyk.jpg": encode(rgb.convert("CMYK"), "JPEG"),
+        "modes/palette.png": encode(rgb.convert("P"), "PNG"),
+        "modes/alpha.png": encode(rgb.convert("RGBA"), "PNG"),
+        "modes/gray16.png": encode(Image.fromarray(rng.integers(0, 65535, (48, 64), dtype=np.uint16)), "PNG"),
+        "modes/progressive.jpg": encode(rgb, "JPEG", progressive=True),
+        "modes/nested/deeper/rgb.webp": encode(rgb, "WEBP"),
+        "more/plain.bmp": encode(rgb, "BMP"),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root

@@ -1,0 +1,108 @@
+"""Packing survives a SIGKILL and a full disk: completed shards are kept, a rerun finishes the job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import stoker
+from stoker.errors import PackError
+from stoker.format import read_manifest
+from stoker.format.verify import verify_dataset
+
+
+def files_state(root: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in root.glob("shard-*")}
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)
+
+
+def test_sigkill_mid_pack_then_resume(photos, tmp_path):
+    # A copy of the photos where one file in the middle is a FIFO: the packer blocks reading it,
+    # deterministically mid-way, with earlier shards finished and a later one half written.
+    src = tmp_path / "src"
+    shutil.copytree(photos, src)
+    blocker = sorted(src.rglob("*.jpg"))[60]
+    original = blocker.read_bytes()
+    blocker.unlink()
+    os.mkfifo(blocker)
+    dst = tmp_path / "dst"
+    command = [sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
+               "--shard-size", "600000", "--workers", "1", "--quiet"]
+    process = subprocess.Popen(command, start_new_session=True)
+    try:
+        wait_for(lambda: len(list(dst.glob("shard-*.tar"))) >= 4 and list(dst.glob(".shard-*.tmp")))
+        time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    assert not (dst / "stoker.json").exists(), "no manifest may exist before every shard is complete"
+    finished = files_state(dst)
+    assert finished
+
+    blocker.unlink()
+    blocker.write_bytes(original)
+    result = stoker.pack(src, dst, shard_bytes=600_000, workers=1, progress=False)
+    assert result.reused_shards >= len(finished) // 2
+    after = files_state(dst)
+    assert all(after[name] == state for name, state in finished.items()), "finished shards must not be rewritten"
+    assert not list(dst.glob(".shard-*")) and not (dst / ".stoker-pack").exists()
+    assert verify_dataset(dst) == []
+
+    fresh = stoker.pack(src, tmp_path / "fresh", shard_bytes=600_000, workers=2, progress=False)
+    for entry_a, entry_b in zip(read_manifest(dst).shards, read_manifest(fresh.dst).shards):
+        assert entry_a.checksum == entry_b.checksum and entry_a.index_checksum == entry_b.index_checksum
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MB tmpfs, to fill up for real. Needs root (CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_keeps_completed_shards_and_resumes(photos, small_disk):
+    dst = small_disk / "ds"
+    with pytest.raises(PackError, match=r"No space left on device") as info:
+        stoker.pack(photos, dst, shard_bytes=600_000, workers=1, progress=False)
+    assert str(dst) in str(info.value)
+    assert not (dst / "stoker.json").exists()
+    assert not list(dst.glob(".shard-*.tmp")), "the half-written shard is removed"
+    finished = files_state(dst)
+    assert finished
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    result = stoker.pack(photos, dst, shard_bytes=600_000, workers=1, progress=False)
+    assert result.reused_shards >= 1 and result.num_samples == len(list(photos.rglob("*.jpg")))
+    assert all(files_state(dst)[name] == state for name, state in finished.items())
+    assert verify_dataset(dst) == []
+
+
+def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path):
+    dst = tmp_path / "busy"
+    (dst / ".stoker-pack").mkdir(parents=True)
+    import fcntl
+    with open(dst / ".stoker-pack" / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(PackError, match="another stoker pack is writing here"):
+            stoker.pack(photos, dst, progress=False)

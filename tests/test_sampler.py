@@ -1,0 +1,88 @@
+"""QuasiRandomSampler and the pure order functions behind it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_share
+
+
+def test_block_bounds_never_cross_shards_or_blocks():
+    shard = np.array([0, 0, 0, 0, 1, 1, 1])
+    start = np.array([0, 5, 12, 21, 0, 3, 30])
+    assert block_bounds(shard, start, 10).tolist() == [0, 2, 3, 4, 6, 7]
+    assert block_bounds(np.zeros(0, np.int64), np.zeros(0, np.int64), 10).tolist() == [0]
+
+
+def block_sizes(n_blocks: int, rng) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(rng.integers(1, 40, n_blocks))])
+
+
+@pytest.mark.parametrize("window", [1, 3, 16])
+def test_each_epoch_is_a_permutation_that_opens_window_blocks_at_a_time(window):
+    bounds = block_sizes(50, np.random.default_rng(0))
+    n = int(bounds[-1])
+    block_of = np.repeat(np.arange(50), np.diff(bounds))
+    order = quasi_random_order(bounds, window, seed=1, epoch=0)
+    assert sorted(order.tolist()) == list(range(n))
+    # Walk the order: a block, once left behind (all its samples consumed), is never read again,
+    # and at most `window` blocks are open (started but not finished) at any time.
+    remaining = np.diff(bounds).copy()
+    open_blocks = set()
+    for sample in order:
+        block = block_of[sample]
+        open_blocks.add(block)
+        remaining[block] -= 1
+        assert len(open_blocks) <= window
+        if remaining[block] == 0:
+            open_blocks.remove(block)
+
+
+def test_orders_depend_on_seed_and_epoch_only():
+    bounds = block_sizes(30, np.random.default_rng(1))
+    a = quasi_random_order(bounds, 4, seed=5, epoch=2)
+    assert np.array_equal(a, quasi_random_order(bounds, 4, seed=5, epoch=2))
+    assert not np.array_equal(a, quasi_random_order(bounds, 4, seed=5, epoch=3))
+    assert not np.array_equal(a, quasi_random_order(bounds, 4, seed=6, epoch=2))
+
+
+@pytest.mark.parametrize("n, world", [(100, 1), (100, 3), (101, 4), (7, 8)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_rank_shares_are_disjoint_equal_and_complete(n, world, drop_last):
+    order = np.random.default_rng(0).permutation(n)
+    shares = [rank_share(order, r, world, drop_last) for r in range(world)]
+    assert len({len(s) for s in shares}) == 1
+    joined = np.concatenate(shares)
+    if drop_last:
+        assert len(set(joined.tolist())) == len(joined) == n // world * world
+    else:
+        assert len(joined) == -(-n // world) * world
+        assert sorted(joined[:n].tolist()) == list(range(n))  # the rest repeats the start as padding
+
+
+def test_sampler_on_a_real_data_set(packed):
+    dataset = stoker.ShardDataset(packed, decode="raw", block_bytes=256 << 10)
+    sampler = stoker.QuasiRandomSampler(dataset, window=2, seed=0)
+    assert len(sampler.bounds) - 1 > len(dataset.shards.manifest.shards)  # several blocks per shard
+    first = list(sampler)
+    assert sorted(first) == list(range(len(dataset))) and len(sampler) == len(dataset)
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    shares = [list(stoker.QuasiRandomSampler(dataset, seed=0, num_replicas=3, rank=r)) for r in range(3)]
+    assert len({len(s) for s in shares}) == 1 and set().union(*shares) == set(range(len(dataset)))
+    with pytest.raises(ValueError, match="rank 3 out of range"):
+        stoker.QuasiRandomSampler(dataset, num_replicas=3, rank=3)
+
+
+def test_mixing_against_a_full_shuffle():
+    labels = np.repeat(np.arange(100), 200)  # packed in class order: the hard case
+    bounds = np.arange(0, len(labels) + 1, 50)  # blocks of 50 samples
+    full = classes_per_batch(labels[np.random.default_rng(0).permutation(len(labels))], 64)
+    quasi = classes_per_batch(labels[quasi_random_order(bounds, 16, 0, 0)], 64)
+    sequential = classes_per_batch(labels, 64)
+    assert sequential < 2.1 < quasi < full
+    assert quasi > 0.25 * full  # 16 open blocks give ~12 classes per batch of 64 against ~48
+    shuffled_pack = np.random.default_rng(1).permutation(labels)
+    assert classes_per_batch(shuffled_pack[quasi_random_order(bounds, 16, 0, 0)], 64) > 0.95 * full
