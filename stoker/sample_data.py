@@ -46,8 +46,8 @@ SIZES = ((500, 375), (375, 500), (500, 333))
 SIZE_PROBS = (0.7, 0.15, 0.15)
 
 # Std-dev of the grain, in 8-bit levels, added equally to R, G and B (luma noise). The grain is
-# what sets the JPEG size: at 8.0 and quality 90, 200 images average 74.6 KB (min 58, max 92;
-# 74.1 KB over 1000), within the 60-100 KB of real ~500x375 photos. Without grain: ~44 KB.
+# what sets the JPEG size: at 8.0 and quality 90, 200 images average 74.0 KB (min 58, max 91;
+# 74.3 KB over 1000), within the 60-100 KB of real ~500x375 photos. Without grain: 42.5 KB.
 NOISE_SIGMA = 8.0
 
 # Sources are shrunk once to this longest side: enough for a 500 px output, and resizing a

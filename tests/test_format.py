@@ -23,7 +23,7 @@ def test_index_round_trip(tmp_path):
     path = tmp_path / "x.idx"
     path.write_bytes(build_index())
     index = ShardIndex.open(path)
-    assert isinstance(index.samples, np.memmap) or isinstance(index.samples.base, np.memmap)
+    assert isinstance(index.buffer.base, np.memmap)  # mapped, not read into memory
     assert len(index) == 3
     assert [index.key(i) for i in range(3)] == ["a/one", "b/two", "c"]
     assert index.labels.tolist() == [3, -1, 7]

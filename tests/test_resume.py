@@ -98,10 +98,35 @@ def test_full_disk_keeps_completed_shards_and_resumes(photos, small_disk):
     assert verify_dataset(dst) == []
 
 
-def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path):
+def test_killing_only_the_main_process_stops_its_workers(photos, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(photos, src)
+    blocker = sorted(src.rglob("*.jpg"))[40]
+    blocker.unlink()
+    os.mkfifo(blocker)
+    dst = tmp_path / "dst"
+    process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
+                                "--shard-size", "600000", "--workers", "2", "--quiet"])
+    wait_for(lambda: list(dst.glob(".shard-*.tmp")))
+    process.kill()  # the main process only, as the OOM killer would
+    process.wait(timeout=10)
+    # A worker is still blocked on the FIFO and holds the lock; it must exit by itself, and the
+    # rerun waits for it rather than racing it.
+    blocker.unlink()
+    shutil.copy(sorted(photos.rglob("*.jpg"))[40], blocker)
+    result = stoker.pack(src, dst, shard_bytes=600_000, workers=2, progress=False)
+    assert result.num_samples == len(list(src.rglob("*.jpg")))
+    assert verify_dataset(dst) == []
+
+
+def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeypatch):
+    import fcntl
+
+    from stoker.pack import packer
+
+    monkeypatch.setattr(packer, "_LOCK_WAIT_SECONDS", 0.3)
     dst = tmp_path / "busy"
     (dst / ".stoker-pack").mkdir(parents=True)
-    import fcntl
     with open(dst / ".stoker-pack" / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with pytest.raises(PackError, match="another stoker pack is writing here"):

@@ -40,6 +40,14 @@ def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -
     return samples[np.lexsort((rng.random(n), group))]
 
 
+def block_schedule(bounds: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks ``order`` touches, sorted by where each is first needed, and those positions."""
+    block_of = np.searchsorted(bounds, order, side="right") - 1
+    blocks, first = np.unique(block_of, return_index=True)
+    by_first = np.argsort(first, kind="stable")
+    return blocks[by_first], first[by_first]
+
+
 def rank_share(order: np.ndarray, rank: int, world: int, drop_last: bool) -> np.ndarray:
     """Rank ``rank``'s contiguous slice of ``order``; every rank gets the same length.
 

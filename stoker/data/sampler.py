@@ -9,9 +9,10 @@ import torch.distributed as dist
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.data.order import block_bounds, block_schedule, quasi_random_order, rank_share
 
 _CHUNK = 1 << 16
+_HINT_EVERY = 64
 
 
 class QuasiRandomSampler(torch.utils.data.Sampler[int]):
@@ -21,6 +22,10 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     Each block is read once, as a whole, instead of one random read per sample. Under DDP each rank
     gets a disjoint, equal-length share of the same global order (``num_replicas`` and ``rank``
     default to torch.distributed's); call :meth:`set_epoch` each epoch, as with DistributedSampler.
+    With ``readahead`` (default) the sampler, which knows the order, asks the kernel to read each
+    block (``posix_fadvise`` WILLNEED) about one window before its first sample is yielded, so the
+    disk streams while the current window is consumed. The page cache is shared, so this helps
+    DataLoader workers in other processes too.
     Mixing is weaker than a full shuffle when the pack kept samples sorted by class: pack with
     ``--shuffle-seed`` or raise ``window`` (see :func:`stoker.data.order.classes_per_batch`).
     """
@@ -35,6 +40,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
+        readahead: bool = True,
     ) -> None:
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -44,7 +50,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
-        shards = dataset.shards
+        self.shards = shards = dataset.shards
         counts = np.diff(shards.starts)
         shard_of_sample = np.repeat(np.arange(len(counts)), counts)
         self.bounds = block_bounds(shard_of_sample, shards.column("start"), shards.block_bytes)
@@ -54,6 +60,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.drop_last = drop_last
+        self.readahead = readahead
         self.epoch = 0
         self.num_samples = int(self.bounds[-1])
 
@@ -71,8 +78,19 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         share = self.order()
-        for start in range(0, len(share), _CHUNK):
-            yield from share[start : start + _CHUNK].tolist()
+        if not self.readahead:
+            for start in range(0, len(share), _CHUNK):
+                yield from share[start : start + _CHUNK].tolist()
+            return
+        blocks, opens = block_schedule(self.bounds, share)
+        ahead = self.window * max(1, len(share) // max(1, len(blocks)))
+        hinted = 0
+        for start in range(0, len(share), _HINT_EVERY):
+            while hinted < len(blocks) and opens[hinted] < start + _HINT_EVERY + ahead:
+                block = blocks[hinted]
+                self.shards.readahead(int(self.bounds[block]), int(self.bounds[block + 1]))
+                hinted += 1
+            yield from share[start : start + _HINT_EVERY].tolist()
 
     def __len__(self) -> int:
         n = self.num_samples

@@ -59,6 +59,12 @@ class ShardReader:
             raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
         return data
 
+    def readahead(self, first: int, last: int) -> None:
+        """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
+        start, end = int(self.index.samples[first]["start"]), int(self.index.samples[last]["end"])
+        fd = self._fd if self._fd is not None else self._open()
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -135,6 +141,11 @@ class ShardSet:
         reader = self.reader(shard)
         return {reader.index.fields[int(m["field"])]: reader.read_member(local, m)
                 for m in reader.index.sample_members(local)}
+
+    def readahead(self, start: int, stop: int) -> None:
+        """Start reading global samples ``start:stop`` (all in one shard) in the background."""
+        shard, local = self.locate(start)
+        self.reader(shard).readahead(local, local + (stop - start) - 1)
 
     def column(self, name: str) -> np.ndarray:
         """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import queue
 import shutil
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -46,6 +47,7 @@ from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32
+_LOCK_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -142,18 +144,28 @@ def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
 
 
 class _exclusive_lock:
-    """Refuses a second pack into the same folder while one runs; released when its process dies."""
+    """Refuses a second pack into the same folder while one runs.
+
+    The worker processes inherit the lock with the file, so it is released only when the pack's
+    last process is gone: a rerun never races a worker orphaned by a killed pack (workers exit
+    within a second of their parent, see ``_watch_parent``), and waits a little for them.
+    """
 
     def __init__(self, work_dir: Path) -> None:
         self._path = work_dir / "lock"
 
     def __enter__(self) -> None:
         self._file = open(self._path, "w")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.close()
-            raise PackError(f"{self._path.parent.parent}: another stoker pack is writing here") from None
+        deadline = time.monotonic() + _LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self._file.close()
+                    raise PackError(f"{self._path.parent.parent}: another stoker pack is writing here") from None
+                time.sleep(0.1)
 
     def __exit__(self, *exc) -> None:
         self._file.close()
@@ -249,6 +261,14 @@ _queue = None
 def _init_worker(progress_queue) -> None:
     global _queue
     _queue = progress_queue
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the pack process dies (SIGKILL, OOM): an orphaned worker must not go on writing."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _worker_job(job: ShardJob) -> ShardRecord:
