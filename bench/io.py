@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, SubsetRandomSampler
 
-from _common import header, med, median_runs, prepared_photos
 from stoker import QuasiRandomSampler, ShardDataset
 from stoker.data.folder import FolderDataset
 from stoker.doctor import time_loader
 from stoker.storage import evict
+
+from _common import header, med, median_runs, prepared_photos
 
 CHUNK = 8 << 20
 

@@ -16,10 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from _common import header, med, median_runs
 from stoker.pack import pack
 from stoker.sample_data import make_sample_photos
 from stoker.storage import evict
+
+from _common import header, med, median_runs
 
 
 def main() -> None:

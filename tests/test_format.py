@@ -13,10 +13,10 @@ from stoker.format import IndexBuilder, Manifest, ShardEntry, ShardIndex, read_m
 
 def build_index() -> bytes:
     builder = IndexBuilder()
-    builder.add("a/one", 3, [("jpg", 512, 100, 11), ("cls", 1536, 1, 12)], 0, 2048)
-    builder.add("b/two", -1, [(f"{i:03d}.jpg", 2560 + 1024 * i, 10, i) for i in range(5)], 2048, 7680)
-    builder.add("c", 7, [], 7680, 7680)
-    return builder.to_bytes(10240)
+    builder.add("a/one", 3, [("jpg", 512, 100, 11), ("cls", 1536, 1, 12)], 0)
+    builder.add("b/two", -1, [(f"{i:03d}.jpg", 2560 + 1024 * i, 10, i) for i in range(5)], 2048)
+    builder.add("c", 7, [], 7680)
+    return builder.to_bytes(7680, 10240)
 
 
 def test_index_round_trip(tmp_path):
@@ -33,6 +33,8 @@ def test_index_round_trip(tmp_path):
     assert [index.fields[f] for f in members["field"]] == [f"{i:03d}.jpg" for i in range(5)]
     assert len(index.sample_members(2)) == 0
     assert index.find("b/two") == 1 and index.find("c") == 2 and index.find("a/on") == -1
+    assert index.span(0, 0) == (0, 2048) and index.span(1, 2) == (2048, 7680)
+    index.check()
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -49,10 +51,18 @@ def test_index_damage_is_named(tmp_path, damage, message):
     assert str(path) in str(info.value)
 
 
-def test_index_with_offsets_past_shard_is_rejected():
+def test_full_check_finds_damaged_rows():
     data = bytearray(build_index())
-    data[48:56] = (100).to_bytes(8, "little")  # header's shard_bytes: smaller than the members need
+    data[64 + 4 * 32 : 64 + 4 * 32 + 8] = (20_000).to_bytes(8, "little")  # member 0's offset
     with pytest.raises(FormatError, match="past the end of the shard"):
+        ShardIndex.from_bytes(bytes(data), "mem").check()
+    data = bytearray(build_index())
+    data[64 + 32 + 8 : 64 + 32 + 16] = (99).to_bytes(8, "little")  # sample 1's first_member
+    with pytest.raises(FormatError, match="member ranges are not in order"):
+        ShardIndex.from_bytes(bytes(data), "mem").check()
+    data = bytearray(build_index())
+    data[64 + 3 * 32 + 8 : 64 + 3 * 32 + 16] = (3).to_bytes(8, "little")  # closing row
+    with pytest.raises(FormatError, match="closing row"):
         ShardIndex.from_bytes(bytes(data), "mem")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from stoker.errors import CorruptDataError
-from stoker.format import FileChecksum, Manifest, ShardEntry, ShardIndex, member_checksum, read_manifest
+from stoker.format import Manifest, ShardEntry, ShardIndex, file_checksum, member_checksum, read_manifest
 
 # Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
 # blocks, and the reader asks the kernel to read a whole block once the pattern of reads shows
@@ -44,6 +44,8 @@ class ShardReader:
     def read_member(self, local: int, member: np.void) -> bytes:
         """The bytes of one member of sample ``local``, checked against the index checksum."""
         offset, size = int(member["offset"]), int(member["size"])
+        if offset + size > self.index.shard_bytes:
+            raise CorruptDataError(self.path, self.index.key(local), "index entry points past the end of the shard")
         fd = self._fd if self._fd is not None else self._open()
         self._readahead(fd, offset)
         try:
@@ -61,7 +63,7 @@ class ShardReader:
 
     def readahead(self, first: int, last: int) -> None:
         """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
-        start, end = int(self.index.samples[first]["start"]), int(self.index.samples[last]["end"])
+        start, end = self.index.span(first, last)
         fd = self._fd if self._fd is not None else self._open()
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
@@ -80,9 +82,9 @@ class ShardReader:
             return self._fd
 
     def _check_index(self) -> None:
-        digest = FileChecksum()
-        digest.update(self.index.buffer)
-        if digest.hexdigest() != self.entry.index_checksum:
+        # Read with read(), not through the mapping: the pages stay in the shared page cache
+        # instead of counting in every worker's resident memory.
+        if file_checksum(self.index.source) != self.entry.index_checksum:
             raise CorruptDataError(self.index.source, None, "index checksum does not match the manifest")
 
     def _readahead(self, fd: int, offset: int) -> None:

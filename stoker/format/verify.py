@@ -48,6 +48,7 @@ def verify_shard(root: Path, entry: ShardEntry) -> list[Problem]:
         return [Problem(str(idx_path), None, "index checksum does not match the manifest")]
     try:
         index = ShardIndex.open(idx_path)
+        index.check()
     except StokerError as e:
         return [Problem(str(idx_path), None, str(e))]
     size = tar_path.stat().st_size

@@ -54,15 +54,16 @@ class ShardWriter:
             self._write(data)
             self._write(padding(len(data)))
             self._fields.setdefault(field)
-        self._index.add(key, label, rows, start, self._offset)
+        self._index.add(key, label, rows, start)
 
     def commit(self) -> WrittenShard:
         """Finish the tar, write the index, fsync both and rename them into place."""
+        samples_end = self._offset
         self._write(end_of_archive(self._offset))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        index_bytes = self._index.to_bytes(self._offset)
+        index_bytes = self._index.to_bytes(samples_end, self._offset)
         index_checksum = FileChecksum()
         index_checksum.update(index_bytes)
         index_tmp = self.directory / f".{index_name(self.name)}.tmp"
