@@ -82,11 +82,12 @@ class ShardDataset(torch.utils.data.Dataset):
         shard, local = self.shards.locate(index)
         reader = self.shards.reader(shard)
         members = reader.index.sample_members(local)
-        names = [reader.index.fields[int(m["field"])] for m in members]
-        position = next((j for j, name in enumerate(names) if name in self._image_fields), None)
-        if position is None:
+        fields = reader.index.fields
+        member = next((m for m in members if fields[m["field"]] in self._image_fields), None)
+        if member is None:
+            names = [fields[m["field"]] for m in members]
             raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
-        data = reader.read_member(local, members[position])
+        data = reader.read_member(local, member)
         try:
             image = decode_image(data, self.decode)
         except Exception as e:  # Pillow raises many types for bad data

@@ -6,6 +6,7 @@ and pickling carries only the path, so a ShardSet works under fork and spawn ali
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections import OrderedDict
@@ -109,21 +110,25 @@ class ShardSet:
         self.block_bytes = block_bytes
         self.manifest: Manifest = read_manifest(self.root)
         self.starts = self.manifest.shard_starts()
+        self._starts = self.starts.tolist()  # one entry per shard: bisect on a short list beats numpy per call
         self._readers: dict[int, ShardReader] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return self.manifest.num_samples
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard number, position in shard) of global sample ``i``."""
-        if not 0 <= i < len(self):
-            raise IndexError(f"sample {i} out of range for a data set of {len(self)}")
-        shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return shard, i - int(self.starts[shard])
+        if not 0 <= i < self.manifest.num_samples:
+            raise IndexError(f"sample {i} out of range for a data set of {self.manifest.num_samples}")
+        shard = bisect.bisect_right(self._starts, i) - 1
+        return shard, i - self._starts[shard]
 
     def reader(self, shard: int) -> ShardReader:
         """The reader of shard number ``shard``, opened on first use in this process."""
+        if self._pid != os.getpid():
+            self._forget_parent_readers()
         reader = self._readers.get(shard)
         if reader is None:
             with self._lock:
@@ -158,6 +163,12 @@ class ShardSet:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+
+    def _forget_parent_readers(self) -> None:
+        """In a forked child: open our own files, and never wait on a lock another thread of the parent held."""
+        self._readers = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

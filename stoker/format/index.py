@@ -96,6 +96,7 @@ class ShardIndex:
         self.shard_bytes = int(header["shard_bytes"])
         self.rows = buffer[s0:s1].view(SAMPLE_DTYPE)
         self.samples = self.rows[:-1]
+        self._first_member = self.rows["first_member"]
         self.members = buffer[m0:m1].view(MEMBER_DTYPE)
         names = buffer[f0:f1].tobytes()
         self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in names.split(b"\0")[:-1])
@@ -140,7 +141,7 @@ class ShardIndex:
 
     def sample_members(self, i: int) -> np.ndarray:
         """The member rows of sample ``i``, in tar order."""
-        return self.members[int(self.rows[i]["first_member"]) : int(self.rows[i + 1]["first_member"])]
+        return self.members[int(self._first_member[i]) : int(self._first_member[i + 1])]
 
     def span(self, first: int, last: int) -> tuple[int, int]:
         """Byte range in the shard of samples ``first..last`` (inclusive), headers included."""
