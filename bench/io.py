@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--loose-samples", type=int, default=1500, help="random loose files read per run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-readahead", action="store_true", help="QuasiRandomSampler(readahead=False)")
     parser.add_argument("--prepare-only", action="store_true")
     args = parser.parse_args()
     photos, shards = prepared_photos(args.data, args.photos)
@@ -60,7 +61,8 @@ def main() -> None:
 
     def shards_run() -> float:
         evict(shard_files)
-        loader = DataLoader(packed, batch_size=64, sampler=QuasiRandomSampler(packed, seed=int(rng.integers(1 << 30))),
+        loader = DataLoader(packed, batch_size=64, sampler=QuasiRandomSampler(packed, seed=int(rng.integers(1 << 30)),
+                                                                    readahead=not args.no_readahead),
                             num_workers=args.workers, collate_fn=list_collate)
         rate = time_loader(loader)
         return rate.per_second

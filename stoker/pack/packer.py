@@ -230,14 +230,15 @@ def _run_jobs(jobs: list[ShardJob], workers: int | None, show_progress: bool) ->
     todo = [job for job in jobs if job.name not in records]
     total = sum(len(job.items) for job in jobs)
     initial = total - sum(len(job.items) for job in todo)
-    bar = tqdm(total=total, initial=initial, unit="img", desc="pack", disable=not show_progress, smoothing=0.1)
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     progress_queue = context.Queue()
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-    try:
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(progress_queue,)) as pool:
-            pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(progress_queue,)) as pool:
+        # Submitting forks the workers; the progress bar (and its monitor thread) comes after.
+        pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
+        with tqdm(total=total, initial=initial, unit="img", desc="pack", disable=not show_progress,
+                  smoothing=0.1) as bar:
             try:
                 while pending:
                     done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -249,9 +250,7 @@ def _run_jobs(jobs: list[ShardJob], workers: int | None, show_progress: bool) ->
                 for future in pending:
                     future.cancel()
                 raise
-        _drain(progress_queue, bar)
-    finally:
-        bar.close()
+            _drain(progress_queue, bar)
     return [records[job.name] for job in jobs], len(jobs) - len(todo)
 
 
