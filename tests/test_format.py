@@ -53,15 +53,15 @@ def test_index_damage_is_named(tmp_path, damage, message):
 
 def test_full_check_finds_damaged_rows():
     data = bytearray(build_index())
-    data[64 + 4 * 32 : 64 + 4 * 32 + 8] = (20_000).to_bytes(8, "little")  # member 0's offset
+    data[64 + 4 * 24 : 64 + 4 * 24 + 8] = (20_000).to_bytes(8, "little")  # member 0's offset
     with pytest.raises(FormatError, match="past the end of the shard"):
         ShardIndex.from_bytes(bytes(data), "mem").check()
     data = bytearray(build_index())
-    data[64 + 32 + 8 : 64 + 32 + 16] = (99).to_bytes(8, "little")  # sample 1's first_member
+    data[64 + 24 + 8 : 64 + 24 + 12] = (99).to_bytes(4, "little")  # sample 1's first_member
     with pytest.raises(FormatError, match="member ranges are not in order"):
         ShardIndex.from_bytes(bytes(data), "mem").check()
     data = bytearray(build_index())
-    data[64 + 3 * 32 + 8 : 64 + 3 * 32 + 16] = (3).to_bytes(8, "little")  # closing row
+    data[64 + 3 * 24 + 8 : 64 + 3 * 24 + 12] = (3).to_bytes(4, "little")  # closing row's first_member
     with pytest.raises(FormatError, match="closing row"):
         ShardIndex.from_bytes(bytes(data), "mem")
 

@@ -8,7 +8,7 @@ import xxhash
 
 FILE_CHECKSUM_ALGORITHM = "xxh3_128"
 MEMBER_CHECKSUM_ALGORITHM = "xxh3_64"
-_CHUNK = 8 << 20
+_CHUNK = 1 << 20
 
 
 def member_checksum(data: bytes | memoryview) -> int:
@@ -32,7 +32,8 @@ class FileChecksum:
 def file_checksum(path: str | os.PathLike) -> str:
     """Whole-file checksum as written in the manifest (``xxh3_128:<hex>``)."""
     digest = FileChecksum()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
+    buffer = memoryview(bytearray(_CHUNK))  # one buffer, reused: no private memory grows per call
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(buffer[:n])
     return digest.hexdigest()

@@ -12,7 +12,7 @@ Layout (little endian, every section 8-byte aligned)::
 Sample i's members are ``members[first_member[i]:first_member[i + 1]]``, its key is
 ``keys[key_offset[i]:key_offset[i + 1] - 1]`` and its bytes in the tar are
 ``start[i]:start[i + 1]``: ends are the next row's starts, so nothing is stored twice (about
-100 bytes per image sample). The index gives O(1) access to any member without scanning the tar,
+90 bytes per image sample with its class member). The index gives O(1) access to any member without scanning the tar,
 and labels and keys without touching shard data. Worker processes share the mapped pages
 instead of copying Python objects, and map only the pages they touch.
 """
@@ -46,8 +46,8 @@ HEADER_DTYPE = np.dtype(
 SAMPLE_DTYPE = np.dtype(
     [
         ("label", "<i8"),
-        ("first_member", "<u8"),
-        ("key_offset", "<u8"),
+        ("first_member", "<u4"),  # counts within one shard: 32 bits are plenty
+        ("key_offset", "<u4"),
         ("start", "<u8"),  # first byte of the sample's first tar header
     ]
 )
