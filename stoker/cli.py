@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from stoker.errors import StokerError
-from stoker.format import DEFAULT_SHARD_BYTES, read_manifest
+from stoker.format import DEFAULT_SHARD_BYTES, REJECTED_NAME, read_manifest
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -47,7 +47,7 @@ def _pack(args: argparse.Namespace) -> int:
     if result.reused_shards:
         print(f"reused {result.reused_shards} shards finished by an earlier run")
     if result.rejected:
-        print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst / 'rejected.tsv'}:")
+        print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst / REJECTED_NAME}:")
         for path, reason in result.rejected[:5]:
             print(f"  {path}: {reason}")
     return 0
@@ -94,9 +94,14 @@ def _cat(args: argparse.Namespace) -> int:
 
     dataset = ShardDataset(args.dst, decode="raw")
     try:
-        index = int(args.sample) if re.fullmatch(r"-?\d+", args.sample) else dataset.index_of(args.sample)
-        members = dataset.read_sample(index if index >= 0 else index + len(dataset))
-    except (KeyError, IndexError):
+        try:
+            index = dataset.index_of(args.sample)  # a key first: keys may be all digits
+        except KeyError:
+            if not re.fullmatch(r"-?\d+", args.sample):
+                raise
+            index = int(args.sample) % len(dataset) if int(args.sample) < 0 else int(args.sample)
+        members = dataset.read_sample(index)
+    except (KeyError, IndexError, ZeroDivisionError):
         raise StokerError(f"{args.dst}: no sample {args.sample!r}") from None
     field = args.field or next(f for f in members if dataset.shards.manifest.schema.get(f) == "image")
     if field not in members:

@@ -122,12 +122,12 @@ def test_killing_only_the_main_process_stops_its_workers(photos, tmp_path):
 def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeypatch):
     import fcntl
 
-    from stoker.pack import packer
+    from stoker.pack import destination
 
-    monkeypatch.setattr(packer, "_LOCK_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(destination, "LOCK_WAIT_SECONDS", 0.3)
     dst = tmp_path / "busy"
-    (dst / ".stoker-pack").mkdir(parents=True)
-    with open(dst / ".stoker-pack" / "lock", "w") as lock:
+    dst.mkdir()
+    with open(dst / ".stoker-pack.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with pytest.raises(PackError, match="another stoker pack is writing here"):
             stoker.pack(photos, dst, progress=False)

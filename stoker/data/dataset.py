@@ -11,7 +11,7 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
-from stoker.data.shards import DEFAULT_BLOCK_BYTES, ShardSet
+from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.errors import CorruptDataError, StokerError
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,9 @@ class ShardDataset(torch.utils.data.Dataset):
 
     Damaged data raises CorruptDataError naming shard and sample. With ``on_error="skip"`` the
     next readable sample is returned instead and ``skipped`` counts the skips (per process).
+    ``verify=False`` skips the per-read checksums. ``field`` picks the image member when samples
+    hold several; ``block_bytes`` sets the read-ahead block (see QuasiRandomSampler); at most
+    ``max_open_shards`` shards are open per process.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class ShardDataset(torch.utils.data.Dataset):
         on_error: Literal["raise", "skip"] = "raise",
         field: str | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -51,8 +55,10 @@ class ShardDataset(torch.utils.data.Dataset):
         self.target_transform = target_transform
         self.on_error = on_error
         self.skipped = 0
-        self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes)
+        self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards)
         schema = self.shards.manifest.schema
+        if field is not None and field not in schema:
+            raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")
         self._image_fields = (field,) if field else tuple(f for f, kind in schema.items() if kind == "image")
         if not self._image_fields:
             raise StokerError(f"{self.root}: the data set has no image field (schema: {schema})")
@@ -73,7 +79,7 @@ class ShardDataset(torch.utils.data.Dataset):
         for attempt in range(n):
             try:
                 return self._load((index + attempt) % n)
-            except (CorruptDataError, OSError) as e:
+            except (StokerError, OSError) as e:
                 self.skipped += 1
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")
@@ -107,6 +113,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     @property
     def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label, as ImageFolder has it."""
         return {name: i for i, name in enumerate(self.classes)}
 
     @property

@@ -1,7 +1,8 @@
 """Low-level reading of a data set: locate a sample, read its members with ``pread``, check them.
 
 Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
-and pickling carries only the path, so a ShardSet works under fork and spawn alike.
+at most ``max_open_shards`` at a time, and pickling carries only the path and options, so a
+ShardSet works under fork and spawn alike and with thousands of shards.
 """
 
 from __future__ import annotations
@@ -18,45 +19,56 @@ from stoker.errors import CorruptDataError
 from stoker.format import Manifest, ShardEntry, ShardIndex, file_checksum, member_checksum, read_manifest
 
 # Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
-# blocks, and the reader asks the kernel to read a whole block once the pattern of reads shows
-# that the block is being consumed (so a spinning disk sees a few large reads, not many small ones).
+# blocks and asks the kernel to read each block whole, so a spinning disk sees large reads.
 DEFAULT_BLOCK_BYTES = 8 << 20
+# Each open shard holds two file descriptors (the shard, and the index's memory map).
+DEFAULT_MAX_OPEN_SHARDS = 128
 _RECENT_BLOCKS = 64
 
 
 class ShardReader:
     """One shard: its index (memory-mapped) and a file descriptor, opened on the first read and
-    read with ``os.pread`` (thread-safe, no shared file position)."""
+    read with ``os.pread`` (thread-safe, no shared file position). Thread-safe: :meth:`close`
+    waits for reads in flight."""
 
     def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int) -> None:
         self.path = str(root / entry.name)
         self.entry = entry
         self.verify = verify
         self.block_bytes = block_bytes
-        self.index = ShardIndex.open(root / entry.index)
-        if verify:
-            self._check_index()
-        if len(self.index) != entry.count:
-            raise CorruptDataError(self.path, None, f"index holds {len(self.index)} samples, manifest says {entry.count}")
+        index_path = root / entry.index
+        # Checked before it is parsed, and read with read(), not through the mapping: the pages
+        # stay in the shared page cache instead of counting in every worker's resident memory.
+        if verify and file_checksum(index_path) != entry.index_checksum:
+            raise CorruptDataError(str(index_path), None, "index checksum does not match the manifest")
+        self.index = ShardIndex.open(index_path)
+        if len(self.index) != entry.count or self.index.shard_bytes != entry.bytes:
+            raise CorruptDataError(str(index_path), None, f"index describes {len(self.index)} samples in "
+                                   f"{self.index.shard_bytes} bytes, manifest says {entry.count} in {entry.bytes}")
         self._fd: int | None = None
+        self._size = 0
+        self._users = 0
+        self._closing = False
         self._lock = threading.Lock()
         self._seen: OrderedDict[int, bool] = OrderedDict()
 
     def read_member(self, local: int, member: np.void) -> bytes:
         """The bytes of one member of sample ``local``, checked against the index checksum."""
         offset, size = int(member["offset"]), int(member["size"])
-        if offset + size > self.index.shard_bytes:
-            raise CorruptDataError(self.path, self.index.key(local), "index entry points past the end of the shard")
-        fd = self._fd if self._fd is not None else self._open()
-        self._readahead(fd, offset)
+        fd = self._acquire()
         try:
+            if offset + size > self._size:
+                raise CorruptDataError(self.path, self.index.key(local),
+                                       f"shard truncated: member needs bytes {offset}-{offset + size}, "
+                                       f"file has {self._size}")
+            self._readahead(fd, offset)
             data = os.pread(fd, size, offset)
         except OSError as e:
             raise CorruptDataError(self.path, self.index.key(local), f"read failed: {e.strerror or e}") from None
+        finally:
+            self._release()
         if len(data) != size:
-            raise CorruptDataError(self.path, self.index.key(local),
-                                   f"shard truncated: member needs bytes {offset}-{offset + size}, "
-                                   f"file ends at {os.fstat(fd).st_size}")
+            raise CorruptDataError(self.path, self.index.key(local), f"short read: {len(data)} of {size} bytes")
         if self.verify and member_checksum(data) != int(member["checksum"]):
             field = self.index.fields[int(member["field"])]
             raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
@@ -65,31 +77,53 @@ class ShardReader:
     def readahead(self, first: int, last: int) -> None:
         """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
         start, end = self.index.span(first, last)
-        fd = self._fd if self._fd is not None else self._open()
-        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        fd = self._acquire()
+        try:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        finally:
+            self._release()
 
     def close(self) -> None:
+        """Close the shard file now, or as soon as the reads in flight end."""
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self._close_fd()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close this process's copy of the descriptor, taking no lock."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def _open(self) -> int:
+    def _acquire(self) -> int:
         with self._lock:
             if self._fd is None:
                 try:
                     self._fd = os.open(self.path, os.O_RDONLY)
                 except OSError as e:
                     raise CorruptDataError(self.path, None, f"cannot open shard: {e.strerror or e}") from None
+                self._size = os.fstat(self._fd).st_size
+            self._users += 1
             return self._fd
 
-    def _check_index(self) -> None:
-        # Read with read(), not through the mapping: the pages stay in the shared page cache
-        # instead of counting in every worker's resident memory.
-        if file_checksum(self.index.source) != self.entry.index_checksum:
-            raise CorruptDataError(self.index.source, None, "index checksum does not match the manifest")
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._closing and self._users == 0:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _readahead(self, fd: int, offset: int) -> None:
-        """On the second read inside a block, ask the kernel to read the whole block in one go."""
+        """On the second read inside a block, ask the kernel to read the whole block in one go.
+
+        This helps any block-local order (sequential, a shuffled pack read in order), and costs
+        nothing under a fully random order, where a block is rarely touched twice in a row.
+        """
         block = offset // self.block_bytes
         with self._lock:
             hinted = self._seen.get(block)
@@ -104,14 +138,16 @@ class ShardReader:
 class ShardSet:
     """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
 
-    def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+    def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES,
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS) -> None:
         self.root = Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
+        self.max_open_shards = max(1, max_open_shards)
         self.manifest: Manifest = read_manifest(self.root)
         self.starts = self.manifest.shard_starts()
         self._starts = self.starts.tolist()  # one entry per shard: bisect on a short list beats numpy per call
-        self._readers: dict[int, ShardReader] = {}
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -126,20 +162,24 @@ class ShardSet:
         return shard, i - self._starts[shard]
 
     def reader(self, shard: int) -> ShardReader:
-        """The reader of shard number ``shard``, opened on first use in this process."""
+        """The reader of shard number ``shard``, opened on first use in this process; the least
+        recently used reader is closed when more than ``max_open_shards`` are open."""
         if self._pid != os.getpid():
             self._forget_parent_readers()
-        reader = self._readers.get(shard)
-        if reader is None:
-            with self._lock:
-                reader = self._readers.get(shard)
-                if reader is None:
-                    reader = ShardReader(self.root, self.manifest.shards[shard], self.verify, self.block_bytes)
-                    self._readers[shard] = reader
+        with self._lock:
+            reader = self._readers.get(shard)
+            if reader is not None:
+                self._readers.move_to_end(shard)
+                return reader
+        reader = ShardReader(self.root, self.manifest.shards[shard], self.verify, self.block_bytes)
+        with self._lock:
+            reader = self._readers.setdefault(shard, reader)
+            while len(self._readers) > self.max_open_shards:
+                self._readers.popitem(last=False)[1].close()
         return reader
 
     def index(self, shard: int) -> ShardIndex:
-        """The index of shard number ``shard`` (opened without opening the shard itself)."""
+        """The index of shard number ``shard``."""
         return self.reader(shard).index
 
     def read_members(self, i: int) -> dict[str, bytes]:
@@ -156,26 +196,27 @@ class ShardSet:
 
     def column(self, name: str) -> np.ndarray:
         """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""
-        parts = [self.index(s).samples[name] for s in range(len(self.manifest.shards))]
+        parts = [np.array(self.index(s).samples[name]) for s in range(len(self.manifest.shards))]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
+        """Close every open shard of this process."""
+        with self._lock:
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
 
     def _forget_parent_readers(self) -> None:
         """In a forked child: open our own files, and never wait on a lock another thread of the parent held."""
-        self._readers = {}
+        for reader in self._readers.values():
+            reader.forget_after_fork()
+        self._readers = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_readers"] = {}
-        del state["_lock"]
-        return state
+        return {"root": self.root, "verify": self.verify, "block_bytes": self.block_bytes,
+                "max_open_shards": self.max_open_shards}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self.__init__(**state)

@@ -18,10 +18,12 @@ class Rate:
 
     @property
     def per_second(self) -> float:
+        """Samples per second."""
         return self.samples / self.seconds if self.seconds else 0.0
 
     @property
     def mb_per_second(self) -> float:
+        """Megabytes (10^6) of items per second."""
         return self.nbytes / self.seconds / 1e6 if self.seconds else 0.0
 
 

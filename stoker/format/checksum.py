@@ -7,7 +7,6 @@ import os
 import xxhash
 
 FILE_CHECKSUM_ALGORITHM = "xxh3_128"
-MEMBER_CHECKSUM_ALGORITHM = "xxh3_64"
 _CHUNK = 1 << 20
 
 
@@ -23,9 +22,11 @@ class FileChecksum:
         self._hash = xxhash.xxh3_128()
 
     def update(self, data: bytes | memoryview) -> None:
+        """Feed the next bytes of the file."""
         self._hash.update(data)
 
     def hexdigest(self) -> str:
+        """The checksum as the manifest writes it."""
         return f"{FILE_CHECKSUM_ALGORITHM}:{self._hash.hexdigest()}"
 
 

@@ -98,8 +98,10 @@ class ShardIndex:
         self.samples = self.rows[:-1]
         self._first_member = self.rows["first_member"]
         self.members = buffer[m0:m1].view(MEMBER_DTYPE)
-        names = buffer[f0:f1].tobytes()
-        self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in names.split(b"\0")[:-1])
+        try:
+            self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in buffer[f0:f1].tobytes().split(b"\0")[:-1])
+        except UnicodeDecodeError:
+            raise FormatError(f"{source}: corrupt index: field names are not UTF-8") from None
         self._keys = buffer[k0:k1]
         end = self.rows[-1]
         if int(end["first_member"]) != m or int(end["key_offset"]) != keys_nbytes or int(end["start"]) > self.shard_bytes:
@@ -118,6 +120,7 @@ class ShardIndex:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> ShardIndex:
+        """An index held in memory (``source`` names it in errors)."""
         return cls(np.frombuffer(data, dtype=np.uint8), source)
 
     def __len__(self) -> int:
@@ -125,6 +128,7 @@ class ShardIndex:
 
     @property
     def labels(self) -> np.ndarray:
+        """Every sample's label (a view of the mapped file)."""
         return self.samples["label"]
 
     def key(self, i: int) -> str:
@@ -157,7 +161,7 @@ class ShardIndex:
             bad = "key table offsets are not in order"
         elif np.any(np.diff(rows["start"].astype(np.int64)) < 0):
             bad = "sample byte spans are not in order"
-        elif len(m) and (m["offset"] + m["size"]).max() > self.shard_bytes:
+        elif len(m) and (np.any(m["offset"] > self.shard_bytes) or np.any(m["size"] > self.shard_bytes - m["offset"])):
             bad = "member extends past the end of the shard"
         elif len(m) and m["field"].max() >= len(self.fields):
             bad = "member refers to an unknown field"

@@ -12,6 +12,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "stoker.json"
 REJECTED_NAME = "rejected.tsv"
 WORK_DIR_NAME = ".stoker-pack"
+LOCK_NAME = ".stoker-pack.lock"
 DEFAULT_SHARD_BYTES = 256 << 20
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")

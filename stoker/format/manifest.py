@@ -28,6 +28,7 @@ class ShardEntry:
 
     @property
     def index(self) -> str:
+        """File name of this shard's index."""
         return index_name(self.name)
 
 
@@ -48,6 +49,7 @@ class Manifest:
         return np.array([s.start for s in self.shards] + [self.num_samples], dtype=np.int64)
 
     def to_json(self) -> str:
+        """The manifest as written to ``stoker.json``."""
         data = {"format": "stoker", **asdict(self)}
         return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
@@ -65,12 +67,14 @@ class Manifest:
             raise FormatError(f"{source}: format version {version!r} is not supported by this stoker "
                               f"(reads version {FORMAT_VERSION})")
         try:
+            if not isinstance(data["schema"], dict) or not isinstance(data.get("classes") or [], list):
+                raise TypeError("schema must be an object and classes a list")
             shards = [ShardEntry(**s) for s in data["shards"]]
             manifest = cls(
                 num_samples=int(data["num_samples"]),
                 shards=shards,
                 schema={str(k): str(v) for k, v in data["schema"].items()},
-                classes=data.get("classes"),
+                classes=[str(c) for c in data["classes"]] if data.get("classes") is not None else None,
                 source=data.get("source", {}),
                 created_by=data.get("created_by", {}),
                 format_version=version,

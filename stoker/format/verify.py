@@ -51,6 +51,9 @@ def verify_shard(root: Path, entry: ShardEntry) -> list[Problem]:
         index.check()
     except StokerError as e:
         return [Problem(str(idx_path), None, str(e))]
+    if len(index) != entry.count or index.shard_bytes != entry.bytes:
+        return [Problem(str(idx_path), None, f"index describes {len(index)} samples in {index.shard_bytes} bytes, "
+                        f"manifest says {entry.count} in {entry.bytes}")]
     size = tar_path.stat().st_size
     if size == entry.bytes and file_checksum(tar_path) == entry.checksum:
         return []

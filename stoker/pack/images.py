@@ -34,8 +34,10 @@ def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int = D
     """Check that ``data`` is a whole, sane image; raise BadInput with the reason otherwise.
 
     The cheap check parses the header, bounds the pixel count (decompression bombs) and, for
-    JPEG and PNG, checks that the end-of-image marker is present (truncation). ``full_decode``
-    decodes every pixel, which also catches damage inside the compressed data.
+    JPEG and PNG, checks that the end-of-image marker is present (truncation). Other formats
+    (BMP, TIFF, WebP, PPM, ...) have no such marker and are rare in training sets, so they are
+    always decoded. ``full_decode`` decodes every image, which also catches damage inside the
+    compressed data that makes the decoder fail.
     """
     if not data:
         raise BadInput("empty file")
@@ -61,7 +63,7 @@ def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int = D
                 raise BadInput("truncated JPEG (no end-of-image marker after the scan data)")
         elif info.format == "PNG" and data.rfind(b"IEND") < 0:
             raise BadInput("truncated PNG (no IEND chunk)")
-        if full_decode:
+        if full_decode or info.format not in ("JPEG", "PNG"):
             try:
                 image.load()
             except Exception as e:

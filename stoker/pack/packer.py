@@ -10,7 +10,6 @@ the rest; a manifest only ever lists complete shards. The source is only read.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import multiprocessing
 import os
@@ -19,6 +18,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,19 +35,20 @@ from stoker.format import (
     Manifest,
     ShardEntry,
     atomic_write,
+    file_checksum,
     read_manifest,
     shard_name,
     write_manifest,
 )
 from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack import plan
+from stoker.pack.destination import PackLock, check_destination, remove_leftovers
 from stoker.pack.images import BadInput
 from stoker.pack.shard_job import CLASS_FIELD, ImageOptions, ShardJob, ShardRecord, load_sample, run_shard_job
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32
-_LOCK_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -85,52 +86,50 @@ def pack(
     started = time.perf_counter()
     source = open_source(src)
     dst = Path(dst)
-    _check_destination(source, dst)
-    image = ImageOptions(max_side, quality, verify_decode)
-    plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image), shard_bytes, shuffle_seed)
-
-    if (dst / MANIFEST_NAME).exists():
-        return _existing_result(dst, plan_digest, started)
-    work_dir = dst / WORK_DIR_NAME
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(work_dir):
-        _remove_temporaries(dst)
-        per_shard = _samples_per_shard(source, work_dir, plan_digest, image, shard_bytes)
-        order = plan.pack_order(len(source), shuffle_seed)
-        bounds = plan.shard_bounds(len(source), per_shard)
-        jobs = []
-        for number in range(len(bounds) - 1):
-            picks = order[bounds[number] : bounds[number + 1]]
-            items = [(source.paths[i], source.keys[i], int(source.labels[i])) for i in picks]
-            jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst),
-                                 str(work_dir), image, strict))
-        records, reused = _run_jobs(jobs, workers, progress)
-        manifest = _assemble_manifest(source, records, {
-            "shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image)}, plan_digest)
-        rejected = [r for record in records for r in record.rejected]
-        _write_rejected(dst, rejected)
-        write_manifest(dst, manifest)
-    shutil.rmtree(work_dir, ignore_errors=True)
+    check_destination(source, dst)
+    image_options = ImageOptions(max_side, quality, verify_decode)
+    plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image_options), shard_bytes,
+                              shuffle_seed)
+    options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options)}
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        with PackLock(dst):
+            if (dst / MANIFEST_NAME).exists():  # finished earlier, or by the pack we waited for
+                return _existing_result(dst, plan_digest, started)
+            work_dir = dst / WORK_DIR_NAME
+            work_dir.mkdir(exist_ok=True)
+            per_shard = _samples_per_shard(source, work_dir, plan_digest, image_options, shard_bytes)
+            jobs = _plan_jobs(source, dst, work_dir, plan_digest, per_shard, shuffle_seed, image_options, strict)
+            remove_leftovers(dst, {job.name for job in jobs})
+            records, reused = _run_jobs(jobs, workers, progress)
+            rejected = [r for record in records for r in record.rejected]
+            if strict and rejected:  # rejects recorded by an earlier run without --strict
+                raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
+            manifest = _assemble_manifest(source, records, options, plan_digest)
+            _write_rejected(dst, rejected)
+            write_manifest(dst, manifest)
+            shutil.rmtree(work_dir, ignore_errors=True)
+    except OSError as e:
+        raise PackError(f"{e.filename or dst}: {e.strerror or e}") from None
+    except BrokenProcessPool:
+        raise PackError(f"{dst}: a pack worker process died (killed, or out of memory?); finished shards "
+                        "are kept: run the same command again to resume") from None
     source_bytes = sum(record.source_bytes for record in records)
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
                       source_bytes, rejected, reused, time.perf_counter() - started)
 
 
-def _check_destination(source: Source, dst: Path) -> None:
-    if dst.exists() and not dst.is_dir():
-        raise PackError(f"{dst}: exists and is not a folder")
-    if source.kind == "image_folder" and dst.resolve().is_relative_to(source.root):
-        raise PackError(f"{dst}: is inside the source folder {source.root}; packing never writes into its source")
-    if dst.exists():
-        ours = {MANIFEST_NAME, REJECTED_NAME, WORK_DIR_NAME}
-        foreign = [p.name for p in dst.iterdir() if p.name not in ours and not p.name.startswith((".shard-", "shard-"))]
-        if foreign:
-            raise PackError(f"{dst}: folder holds other files ({', '.join(sorted(foreign)[:3])}); "
-                            "pack into an empty or new folder")
-    try:
-        dst.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PackError(f"{dst}: cannot create folder: {e.strerror or e}") from None
+def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int,
+               shuffle_seed: int | None, image_options: ImageOptions, strict: bool) -> list[ShardJob]:
+    """One job per planned shard, each with the digest of exactly what it will hold."""
+    order = plan.pack_order(len(source), shuffle_seed)
+    bounds = plan.shard_bounds(len(source), per_shard)
+    jobs = []
+    for number in range(len(bounds) - 1):
+        items = [(source.paths[i], source.keys[i], int(source.labels[i])) for i in order[bounds[number] : bounds[number + 1]]]
+        jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst), str(work_dir),
+                             image_options, strict))
+    return jobs
 
 
 def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
@@ -141,39 +140,6 @@ def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
                         "pack into a new folder or delete it first")
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
                       0, [], len(manifest.shards), time.perf_counter() - started)
-
-
-class _exclusive_lock:
-    """Refuses a second pack into the same folder while one runs.
-
-    The worker processes inherit the lock with the file, so it is released only when the pack's
-    last process is gone: a rerun never races a worker orphaned by a killed pack (workers exit
-    within a second of their parent, see ``_watch_parent``), and waits a little for them.
-    """
-
-    def __init__(self, work_dir: Path) -> None:
-        self._path = work_dir / "lock"
-
-    def __enter__(self) -> None:
-        self._file = open(self._path, "w")
-        deadline = time.monotonic() + _LOCK_WAIT_SECONDS
-        while True:
-            try:
-                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    self._file.close()
-                    raise PackError(f"{self._path.parent.parent}: another stoker pack is writing here") from None
-                time.sleep(0.1)
-
-    def __exit__(self, *exc) -> None:
-        self._file.close()
-
-
-def _remove_temporaries(dst: Path) -> None:
-    for tmp in dst.glob(".shard-*.tmp"):
-        tmp.unlink(missing_ok=True)
 
 
 def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions, shard_bytes: int) -> int:
@@ -207,16 +173,19 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
     return per_shard
 
 
-def _is_done(job: ShardJob) -> ShardRecord | None:
-    """The job's record if its shard was finished by an earlier run and still matches the plan."""
+def _finished_record(job: ShardJob) -> ShardRecord | None:
+    """The job's record if an earlier run finished its shard, the plan still matches, and the files
+    on disk are the ones recorded (sizes, and the index's checksum: a later run with another plan
+    may have replaced the shard before it died)."""
     record = ShardRecord.load(job.work_dir, job.name)
     if record is None or record.digest != job.digest:
         return None
     if record.entry is not None:
         tar = Path(job.dst) / record.entry.name
         idx = Path(job.dst) / record.entry.index
-        if not (tar.is_file() and tar.stat().st_size == record.entry.bytes
-                and idx.is_file() and idx.stat().st_size == record.entry.index_bytes):
+        if not (tar.is_file() and tar.stat().st_size == record.entry.bytes and idx.is_file()
+                and idx.stat().st_size == record.entry.index_bytes
+                and file_checksum(idx) == record.entry.index_checksum):
             return None
     return record
 
@@ -225,7 +194,7 @@ def _run_jobs(jobs: list[ShardJob], workers: int | None, show_progress: bool) ->
     """Run the unfinished jobs on a process pool; return every job's record, in shard order."""
     records: dict[str, ShardRecord] = {}
     for job in jobs:
-        if (record := _is_done(job)) is not None:
+        if (record := _finished_record(job)) is not None:
             records[job.name] = record
     todo = [job for job in jobs if job.name not in records]
     total = sum(len(job.items) for job in jobs)

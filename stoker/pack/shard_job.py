@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class ShardRecord:
     rejected: list[tuple[str, str]] = field(default_factory=list)
 
     def save(self, work_dir: str | os.PathLike) -> None:
+        """Write the record atomically into the work folder; its presence marks the shard finished."""
         atomic_write(Path(work_dir) / f"{self.name}.json", json.dumps(asdict(self)).encode("utf-8"))
 
     @classmethod
@@ -88,8 +90,9 @@ def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
     return field_name, data, len(data)
 
 
-def run_shard_job(job: ShardJob, progress=None) -> ShardRecord:
+def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
     """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError."""
+    (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
     rejected: list[tuple[str, str]] = []
     done = done_bytes = source_bytes = 0
     try:

@@ -39,7 +39,7 @@ class Source:
 
 def open_source(src: str | os.PathLike) -> Source:
     """List ``src``: a folder is read as ImageFolder, a ``.csv``/``.tsv``/``.txt`` file as a path list."""
-    src = Path(src)
+    src = Path(src).resolve()  # the plan's digest must not depend on how the path was spelled
     if src.is_dir():
         return list_image_folder(src)
     if src.is_file():
@@ -48,14 +48,14 @@ def open_source(src: str | os.PathLike) -> Source:
 
 
 def list_image_folder(root: Path) -> Source:
-    """Class folders below ``root`` (sorted, as ImageFolder assigns indices), image files anywhere below them."""
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    """Class folders below ``root`` and image files anywhere below them, listed exactly as
+    torchvision's ImageFolder lists them (same classes, indices and order of samples)."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
         raise PackError(f"{root}: no class folders found (expected ROOT/<class>/<image files>)")
     paths, labels = [], []
     for label, name in enumerate(classes):
-        for folder, dirs, files in os.walk(root / name, followlinks=True):
-            dirs.sort()
+        for folder, _, files in sorted(os.walk(root / name, followlinks=True)):
             for file in sorted(files):
                 if file.lower().endswith(IMAGE_EXTENSIONS):
                     paths.append(os.path.join(folder, file))
@@ -74,31 +74,42 @@ def read_path_list(list_file: Path) -> Source:
     """
     delimiter = "\t" if list_file.suffix.lower() == ".tsv" else ","
     base = list_file.parent
-    rows = []
-    with open(list_file, newline="", encoding="utf-8") as f:
+    rows, lines = [], []
+    with open(list_file, newline="", encoding="utf-8-sig") as f:
         for line, row in enumerate(csv.reader(f, delimiter=delimiter), 1):
-            if not row or not row[0].strip() or row[0].startswith("#"):
+            if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
                 continue
-            if line == 1 and row[0].strip().lower() == "path":
+            if not rows and row[0].strip().lower() == "path":
                 continue
             if len(row) > 2:
                 raise PackError(f"{list_file}:{line}: expected 'path{delimiter}label', got {len(row)} columns")
             rows.append((row[0].strip(), row[1].strip() if len(row) == 2 else ""))
+            lines.append(line)
     if not rows:
         raise PackError(f"{list_file}: the list holds no paths")
-    raw_labels = [label for _, label in rows]
-    classes: list[str] | None = None
-    if all(label == "" for label in raw_labels):
-        labels = np.full(len(rows), NO_LABEL, dtype=np.int64)
-    elif all(re.fullmatch(r"\d+", label) for label in raw_labels):
-        labels = np.array([int(label) for label in raw_labels], dtype=np.int64)
-    else:
-        classes = sorted(set(raw_labels))
-        index = {name: i for i, name in enumerate(classes)}
-        labels = np.array([index[label] for label in raw_labels], dtype=np.int64)
+    labels, classes = _parse_labels([label for _, label in rows], lines, list_file)
     paths = [str(base / p) for p, _ in rows]
     rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
     return Source("path_list", list_file.resolve(), paths, make_keys(rel), labels, classes)
+
+
+def _parse_labels(raw: list[str], lines: list[int], list_file: Path) -> tuple[np.ndarray, list[str] | None]:
+    """All empty: no labels. All integers: kept. Otherwise class names, indexed in sorted order."""
+    empty = [label == "" for label in raw]
+    if all(empty):
+        return np.full(len(raw), NO_LABEL, dtype=np.int64), None
+    if any(empty):
+        line = lines[empty.index(True)]
+        raise PackError(f"{list_file}:{line}: row has no label while others do; label every row or none")
+    numeric = [re.fullmatch(r"-?\d+", label) is not None for label in raw]
+    if all(numeric):
+        return np.array([int(label) for label in raw], dtype=np.int64), None
+    if any(numeric):
+        line = lines[numeric.index(not numeric[0])]
+        raise PackError(f"{list_file}:{line}: labels mix integers and class names; use one kind")
+    classes = sorted(set(raw))
+    index = {name: i for i, name in enumerate(classes)}
+    return np.array([index[label] for label in raw], dtype=np.int64), classes
 
 
 def make_keys(relative_paths: list[str]) -> list[str]:

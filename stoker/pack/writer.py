@@ -39,10 +39,6 @@ class ShardWriter:
     def __len__(self) -> int:
         return len(self._index)
 
-    @property
-    def bytes_written(self) -> int:
-        return self._offset
-
     def add(self, key: str, label: int, members: list[tuple[str, bytes]]) -> None:
         """Append one sample: ``members`` holds (field, bytes); they are stored adjacent, in this order."""
         start = self._offset

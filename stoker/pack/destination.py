@@ -1,0 +1,76 @@
+"""The destination folder of a pack: what may be written there, the lock, and leftovers of killed runs."""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+from stoker.errors import PackError
+from stoker.format import MANIFEST_NAME, REJECTED_NAME
+from stoker.format.layout import LOCK_NAME, WORK_DIR_NAME
+from stoker.pack.sources import Source
+
+LOCK_WAIT_SECONDS = 10.0
+_OURS = {MANIFEST_NAME, REJECTED_NAME, WORK_DIR_NAME, LOCK_NAME}
+
+
+def is_ours(name: str) -> bool:
+    """Whether a name in the destination is one stoker writes (final files, work folder, temporaries)."""
+    return name in _OURS or name.startswith("shard-") or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def check_destination(source: Source, dst: Path) -> None:
+    """Refuse a destination inside an image-folder source, or one holding files that are not ours."""
+    if dst.exists() and not dst.is_dir():
+        raise PackError(f"{dst}: exists and is not a folder")
+    if source.kind == "image_folder" and dst.resolve().is_relative_to(source.root):
+        raise PackError(f"{dst}: is inside the source folder {source.root}; packing never writes into its source")
+    if dst.exists():
+        foreign = sorted(p.name for p in dst.iterdir() if not is_ours(p.name))
+        if foreign:
+            raise PackError(f"{dst}: folder holds other files ({', '.join(foreign[:3])}); pack into an empty or new folder")
+
+
+def remove_leftovers(dst: Path, planned: Collection[str]) -> None:
+    """Delete temporaries of killed runs and shards that the current plan does not have.
+
+    Called with the lock held, before writing: a shard left by a run with another plan would
+    otherwise sit beside the new ones, and readers that glob ``shard-*.tar`` would see it.
+    """
+    for path in dst.iterdir():
+        name = path.name
+        if name.startswith(".") and name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+        elif name.startswith("shard-") and name.removesuffix(".idx").removesuffix(".tar") + ".tar" not in planned:
+            path.unlink(missing_ok=True)
+
+
+class PackLock:
+    """Held while a pack writes into ``dst``; a second pack waits for it, then gives up with PackError.
+
+    The lock file is never deleted (deleting it would let two packs hold "the" lock on two files).
+    Worker processes inherit the lock, so it is released only when the pack's last process is
+    gone: a rerun never races a worker orphaned by a killed pack (workers exit within a second of
+    their parent).
+    """
+
+    def __init__(self, dst: Path) -> None:
+        self._path = dst / LOCK_NAME
+
+    def __enter__(self) -> PackLock:
+        self._file = open(self._path, "w")
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self._file.close()
+                    raise PackError(f"{self._path.parent}: another stoker pack is writing here") from None
+                time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
