@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from stoker.cli import main, parse_size
-from tests.conftest import PHOTOS, source_files
+from tests.conftest import PHOTOS, encode, source_files
 
 
 def stoker_command(*args: str) -> subprocess.CompletedProcess:
@@ -51,6 +52,19 @@ def test_verify_exits_nonzero_naming_the_damage(packed, tmp_path, capsys):
     assert main(["verify", str(root), "--quiet"]) == 1
     out = capsys.readouterr().out
     assert f"DAMAGED {shard}, sample '" in out
+
+
+def test_cat_prefers_keys_over_indexes(tmp_path, capsysbinary):
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "0001.png").write_bytes(encode(Image.new("L", (4, 4), 1), "PNG"))
+    (src / "0002.png").write_bytes(encode(Image.new("L", (4, 4), 2), "PNG"))
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--quiet"]) == 0
+    capsysbinary.readouterr()
+    assert main(["cat", str(tmp_path / "ds"), "c/0002"]) == 0
+    assert capsysbinary.readouterr().out == (src / "0002.png").read_bytes()
+    assert main(["cat", str(tmp_path / "ds"), "1"]) == 0
+    assert capsysbinary.readouterr().out == (src / "0002.png").read_bytes()
 
 
 def test_errors_are_one_clear_line(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from collections import Counter
@@ -125,14 +126,15 @@ def test_reading_damage_names_shard_and_sample(damaged):
         list(loader)
 
 
-def test_skip_policy_counts_and_continues(damaged):
+def test_skip_policy_counts_and_continues(damaged, packed):
     root, flipped, _, truncated, _ = damaged
     dataset = stoker.ShardDataset(root, decode="raw", on_error="skip")
     items = [dataset[i] for i in range(len(dataset))]
     assert len(items) == len(dataset)
-    assert dataset.skipped >= 1 + len(truncated)
-    unverified = stoker.ShardDataset(root, decode="raw", verify=False)
-    assert unverified[flipped][0] != stoker.ShardDataset(root, decode="raw").read_sample(flipped - 1)["jpg"]
+    assert dataset.skipped >= 1 + len(truncated)  # each pass over a damaged sample counts
+    expected = bytearray(stoker.ShardDataset(packed, decode="raw")[flipped][0])
+    expected[1000] ^= 0x10
+    assert stoker.ShardDataset(root, decode="raw", verify=False)[flipped][0] == bytes(expected)
 
 
 def test_verify_finds_flipped_byte_and_truncation(damaged):
@@ -144,3 +146,29 @@ def test_verify_finds_flipped_byte_and_truncation(damaged):
     assert "checksum mismatch" in by_key[key].reason and by_key[key].path.endswith("shard-000001.tar")
     assert all(k in by_key and "truncated" in by_key[k].reason for k in truncated_keys)
     assert any(p.key is None and "manifest says" in p.reason for p in problems)
+
+
+def test_open_shards_are_bounded(photos, tmp_path):
+    dst = stoker.pack(photos, tmp_path / "many", shard_bytes=150_000, workers=2, progress=False).dst
+    dataset = stoker.ShardDataset(dst, decode="raw", max_open_shards=4)
+    assert len(dataset.shards.manifest.shards) > 20
+    before = len(os.listdir("/proc/self/fd"))
+    seen = digests(dataset[i][0] for i in range(len(dataset)))
+    assert seen == digests(source_files(photos).values())
+    assert len(os.listdir("/proc/self/fd")) <= before + 2 * 4
+    loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2)
+    assert raw_pass(loader)[0] == seen
+
+
+def test_damaged_index_is_named_and_skippable(packed, tmp_path):
+    root = tmp_path / "idx"
+    shutil.copytree(packed, root)
+    index = root / read_manifest(root).shards[2].index
+    data = bytearray(index.read_bytes())
+    data[-3] ^= 0x01  # inside the key table
+    index.write_bytes(bytes(data))
+    first = read_manifest(root).shards[2].start
+    with pytest.raises(CorruptDataError, match="index checksum does not match"):
+        stoker.ShardDataset(root)[first]
+    skipping = stoker.ShardDataset(root, decode="raw", on_error="skip")
+    assert skipping[first][0] == stoker.ShardDataset(packed, decode="raw")[read_manifest(root).shards[3].start][0]

@@ -110,3 +110,20 @@ def test_manifest_holds_no_pickle(packed):
     data = json.loads(text)
     assert data["format"] == "stoker" and data["format_version"] == 1
     assert {"source", "created_by", "schema", "classes", "shards"} <= set(data)
+
+
+def test_verify_catches_counts_that_disagree_with_the_manifest(packed, tmp_path):
+    import shutil
+
+    from stoker.format.verify import verify_dataset
+
+    root = tmp_path / "counts"
+    shutil.copytree(packed, root)
+    data = json.loads((root / "stoker.json").read_text())
+    data["shards"][0]["count"] -= 1
+    data["shards"][1]["count"] += 1
+    data["shards"][1]["start"] -= 1
+    (root / "stoker.json").write_text(json.dumps(data))
+    problems = verify_dataset(root)
+    assert [p.path.endswith("shard-000000.idx") for p in problems][:1] == [True]
+    assert all("manifest says" in p.reason for p in problems) and len(problems) == 2

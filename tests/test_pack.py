@@ -118,6 +118,8 @@ def messy(photos, tmp_path) -> Path:
     (root / "bad/truncated.png").write_bytes(png[: len(png) // 2])
     (root / "bad/notes.jpg").write_text("this is not an image\n")
     (root / "bad/bomb.png").write_bytes(bomb_png())
+    bmp = encode(Image.open(io.BytesIO(photo)), "BMP")
+    (root / "bad/truncated.bmp").write_bytes(bmp[: len(bmp) // 2])
     os.symlink(root / "does-not-exist.jpg", root / "bad/dangling.jpg")
     (root / "bad/readme.txt").write_text("ignored: not an image extension, as ImageFolder ignores it")
     return root
@@ -134,6 +136,7 @@ EXPECTED_REASONS = {
     "truncated.png": "truncated PNG",
     "notes.jpg": "not an image",
     "bomb.png": "decompression bomb",
+    "truncated.bmp": "decode failed",
     "dangling.jpg": "cannot read: No such file",
 }
 
@@ -203,11 +206,16 @@ def test_shuffle_seed_is_deterministic(photos, tmp_path):
 
 
 def test_max_side_reencodes_only_large_images(photos, tmp_path):
-    result = stoker.pack(photos, tmp_path / "small", max_side=160, quality=80, workers=2, progress=False)
+    src = tmp_path / "src"
+    shutil.copytree(photos, src)
+    small = encode(Image.new("RGB", (100, 80), "red"), "PNG")
+    (src / "class_00" / "small.png").write_bytes(small)
+    result = stoker.pack(src, tmp_path / "small", max_side=160, quality=80, workers=2, progress=False)
     dataset = stoker.ShardDataset(result.dst, decode="pil")
     for i in range(0, len(dataset), 7):
         image, _ = dataset[i]
         assert max(image.size) == 160
+    assert dataset.read_sample(dataset.index_of("class_00/small"))["png"] == small
     assert result.total_bytes < result.source_bytes / 3
     assert read_manifest(result.dst).source["options"]["max_side"] == 160
 
@@ -226,3 +234,23 @@ def test_destination_rules(photos, packed, tmp_path):
         stoker.pack(photos, packed, shard_bytes=900_000, progress=False)
     with pytest.raises(PackError, match="no such folder"):
         stoker.pack(tmp_path / "nowhere", tmp_path / "x", progress=False)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("path,label\na.jpg,cat\nb.jpg,\n", "row has no label"),
+    ("a.jpg,1\nb.jpg,cat\n", "mix integers and class names"),
+    ("a.jpg,1,2\n", "got 3 columns"),
+])
+def test_path_list_mistakes_are_refused(photos, tmp_path, text, message):
+    listing = tmp_path / "list.csv"
+    listing.write_text(text)
+    with pytest.raises(PackError, match=rf"list.csv:\d+: .*{message}"):
+        stoker.pack(listing, tmp_path / "out", progress=False)
+
+
+def test_path_list_header_after_bom_and_comments(photos, tmp_path):
+    files = sorted(photos.rglob("*.jpg"))[:3]
+    rows = "".join(f"{p},{label}\n" for p, label in zip(files, (2, 10, -1)))
+    (tmp_path / "list.csv").write_bytes("\ufeff# made by hand\npath,label\n".encode() + rows.encode())
+    dataset = stoker.ShardDataset(stoker.pack(tmp_path / "list.csv", tmp_path / "out", progress=False).dst)
+    assert len(dataset) == 3 and sorted(dataset.targets.tolist()) == [-1, 2, 10] and dataset.classes == []

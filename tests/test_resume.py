@@ -131,3 +131,35 @@ def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeyp
         fcntl.flock(lock, fcntl.LOCK_EX)
         with pytest.raises(PackError, match="another stoker pack is writing here"):
             stoker.pack(photos, dst, progress=False)
+
+
+def test_rerun_rejects_replaced_shards_and_removes_leftovers(photos, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(photos, src)
+    blocker = sorted(src.rglob("*.jpg"))[70]
+    original = blocker.read_bytes()
+    blocker.unlink()
+    os.mkfifo(blocker)
+    dst = tmp_path / "dst"
+    process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
+                                "--shard-size", "600000", "--workers", "1", "--quiet"], start_new_session=True)
+    try:
+        wait_for(lambda: len(list(dst.glob("shard-*.idx"))) >= 3 and list(dst.glob(".shard-*.tmp")))
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    blocker.unlink()
+    blocker.write_bytes(original)
+    # What other killed runs leave: a shard another run replaced (same size, other bytes), a
+    # half-written manifest, and a shard of a plan with more shards.
+    replaced = dst / "shard-000001.idx"
+    data = bytearray(replaced.read_bytes())
+    data[-2] ^= 0x01
+    replaced.write_bytes(bytes(data))
+    (dst / ".stoker.json.12345.tmp").write_text("{")
+    (dst / "shard-000099.tar").write_bytes(b"old")
+    result = stoker.pack(src, dst, shard_bytes=600_000, workers=1, progress=False)
+    assert result.reused_shards >= 2
+    assert verify_dataset(dst) == []
+    assert not (dst / ".stoker.json.12345.tmp").exists() and not (dst / "shard-000099.tar").exists()
+    assert sorted(p.name for p in dst.glob("shard-*.tar")) == [s.name for s in read_manifest(dst).shards]
