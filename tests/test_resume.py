@@ -30,34 +30,48 @@ def wait_for(condition, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+class BlockedPack:
+    """`stoker pack` in a subprocess over a copy of the photos where photo ``position`` is a FIFO:
+    the packer blocks reading it, deterministically mid-way, with earlier shards finished and a
+    later one half written. :meth:`unblock` puts the real photo back for the rerun."""
+
+    def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int) -> None:
+        self.src, self.dst = tmp_path / "src", tmp_path / "dst"
+        shutil.copytree(photos, self.src)
+        self.blocker = sorted(self.src.rglob("*.jpg"))[position]
+        self.original = self.blocker.read_bytes()
+        self.blocker.unlink()
+        os.mkfifo(self.blocker)
+        self.process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(self.src), str(self.dst),
+                                         "--shard-size", "600000", "--workers", str(workers), "--quiet"],
+                                        start_new_session=True)
+
+    def kill(self, whole_group: bool = True) -> None:
+        if whole_group:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        else:
+            self.process.kill()  # the main process only, as the OOM killer would
+        self.process.wait(timeout=10)
+
+    def unblock(self) -> None:
+        self.blocker.unlink()
+        self.blocker.write_bytes(self.original)
+
+
 def test_sigkill_mid_pack_then_resume(photos, tmp_path):
-    # A copy of the photos where one file in the middle is a FIFO: the packer blocks reading it,
-    # deterministically mid-way, with earlier shards finished and a later one half written.
-    src = tmp_path / "src"
-    shutil.copytree(photos, src)
-    blocker = sorted(src.rglob("*.jpg"))[60]
-    original = blocker.read_bytes()
-    blocker.unlink()
-    os.mkfifo(blocker)
-    dst = tmp_path / "dst"
-    command = [sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
-               "--shard-size", "600000", "--workers", "1", "--quiet"]
-    process = subprocess.Popen(command, start_new_session=True)
+    run = BlockedPack(photos, tmp_path, position=60, workers=1)
+    src, dst = run.src, run.dst
     try:
         wait_for(lambda: len(list(dst.glob("shard-*.tar"))) >= 4 and list(dst.glob(".shard-*.tmp")))
         time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == -signal.SIGKILL
+        run.kill()
+    assert run.process.returncode == -signal.SIGKILL
     assert not (dst / "stoker.json").exists(), "no manifest may exist before every shard is complete"
     finished = files_state(dst)
     assert finished
 
-    blocker.unlink()
-    blocker.write_bytes(original)
+    run.unblock()
     result = stoker.pack(src, dst, shard_bytes=600_000, workers=1, progress=False)
     assert result.reused_shards >= len(finished) // 2
     after = files_state(dst)
@@ -99,24 +113,17 @@ def test_full_disk_keeps_completed_shards_and_resumes(photos, small_disk):
 
 
 def test_killing_only_the_main_process_stops_its_workers(photos, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(photos, src)
-    blocker = sorted(src.rglob("*.jpg"))[40]
-    blocker.unlink()
-    os.mkfifo(blocker)
-    dst = tmp_path / "dst"
-    process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
-                                "--shard-size", "600000", "--workers", "2", "--quiet"])
-    wait_for(lambda: list(dst.glob(".shard-*.tmp")))
-    process.kill()  # the main process only, as the OOM killer would
-    process.wait(timeout=10)
+    run = BlockedPack(photos, tmp_path, position=40, workers=2)
+    try:
+        wait_for(lambda: list(run.dst.glob(".shard-*.tmp")))
+    finally:
+        run.kill(whole_group=False)
     # A worker is still blocked on the FIFO and holds the lock; it must exit by itself, and the
     # rerun waits for it rather than racing it.
-    blocker.unlink()
-    shutil.copy(sorted(photos.rglob("*.jpg"))[40], blocker)
-    result = stoker.pack(src, dst, shard_bytes=600_000, workers=2, progress=False)
-    assert result.num_samples == len(list(src.rglob("*.jpg")))
-    assert verify_dataset(dst) == []
+    run.unblock()
+    result = stoker.pack(run.src, run.dst, shard_bytes=600_000, workers=2, progress=False)
+    assert result.num_samples == len(list(run.src.rglob("*.jpg")))
+    assert verify_dataset(run.dst) == []
 
 
 def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeypatch):
@@ -134,22 +141,13 @@ def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeyp
 
 
 def test_rerun_rejects_replaced_shards_and_removes_leftovers(photos, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(photos, src)
-    blocker = sorted(src.rglob("*.jpg"))[70]
-    original = blocker.read_bytes()
-    blocker.unlink()
-    os.mkfifo(blocker)
-    dst = tmp_path / "dst"
-    process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(src), str(dst),
-                                "--shard-size", "600000", "--workers", "1", "--quiet"], start_new_session=True)
+    run = BlockedPack(photos, tmp_path, position=70, workers=1)
+    dst = run.dst
     try:
         wait_for(lambda: len(list(dst.glob("shard-*.idx"))) >= 3 and list(dst.glob(".shard-*.tmp")))
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-    blocker.unlink()
-    blocker.write_bytes(original)
+        run.kill()
+    run.unblock()
     # What other killed runs leave: a shard another run replaced (same size, other bytes), a
     # half-written manifest, and a shard of a plan with more shards.
     replaced = dst / "shard-000001.idx"
@@ -158,7 +156,7 @@ def test_rerun_rejects_replaced_shards_and_removes_leftovers(photos, tmp_path):
     replaced.write_bytes(bytes(data))
     (dst / ".stoker.json.12345.tmp").write_text("{")
     (dst / "shard-000099.tar").write_bytes(b"old")
-    result = stoker.pack(src, dst, shard_bytes=600_000, workers=1, progress=False)
+    result = stoker.pack(run.src, dst, shard_bytes=600_000, workers=1, progress=False)
     assert result.reused_shards >= 2
     assert verify_dataset(dst) == []
     assert not (dst / ".stoker.json.12345.tmp").exists() and not (dst / "shard-000099.tar").exists()

@@ -62,7 +62,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.drop_last = drop_last
         self.readahead = readahead
         self.epoch = 0
-        self.num_samples = int(self.bounds[-1])
+        self.total_samples = int(self.bounds[-1])  # all ranks; len(self) is this rank's share
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (same on every rank)."""
@@ -73,7 +73,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         if self.shuffle:
             global_order = quasi_random_order(self.bounds, self.window, self.seed, self.epoch)
         else:
-            global_order = np.arange(self.num_samples, dtype=np.int64)
+            global_order = np.arange(self.total_samples, dtype=np.int64)
         return rank_share(global_order, self.rank, self.num_replicas, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
@@ -93,5 +93,5 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             yield from share[start : start + _HINT_EVERY].tolist()
 
     def __len__(self) -> int:
-        n = self.num_samples
+        n = self.total_samples
         return n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)
