@@ -3,6 +3,7 @@
     stoker pack SRC DST  ──>  DST/stoker.json + shard-*.tar + shard-*.idx
     ShardDataset(DST)    ──>  (image, label) items for torch.utils.data.DataLoader
     QuasiRandomSampler   ──>  a shuffle that reads each block of a shard once, in one piece
+    Loader(dataset, B)   ──>  (images, labels) batches decoded and cropped by threads
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ __version__ = "0.1.0"
 from stoker.data.dataset import ShardDataset
 from stoker.data.sampler import QuasiRandomSampler
 from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
+from stoker.loader import CropSpec, Loader
 from stoker.pack import PackResult, pack
 
 __all__ = [
     "CorruptDataError",
+    "CropSpec",
     "FormatError",
+    "Loader",
     "PackError",
     "PackResult",
     "QuasiRandomSampler",

@@ -84,7 +84,8 @@ class ShardDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")
 
-    def _load(self, index: int) -> tuple[Any, Any]:
+    def read_image(self, index: int) -> tuple[bytes, int]:
+        """The stored (undecoded) image bytes of sample ``index`` and its label; no transform."""
         shard, local = self.shards.locate(index)
         reader = self.shards.reader(shard)
         members = reader.index.sample_members(local)
@@ -93,13 +94,16 @@ class ShardDataset(torch.utils.data.Dataset):
         if member is None:
             names = [fields[m["field"]] for m in members]
             raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
-        data = reader.read_member(local, member)
+        return reader.read_member(local, member), int(reader.index.labels[local])
+
+    def _load(self, index: int) -> tuple[Any, Any]:
+        data, label = self.read_image(index)
         try:
             image = decode_image(data, self.decode)
         except Exception as e:  # Pillow raises many types for bad data
-            raise CorruptDataError(reader.path, reader.index.key(local),
+            shard, _ = self.shards.locate(index)
+            raise CorruptDataError(self.shards.reader(shard).path, self.key(index),
                                    f"image does not decode ({type(e).__name__}: {e})") from None
-        label = int(reader.index.labels[local])
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

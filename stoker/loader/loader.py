@@ -1,0 +1,185 @@
+"""stoker.Loader: batches of decoded, cropped images from a ShardDataset, made by threads.
+
+    order (pure function of seed, epoch, rank) ──> batches of indices
+        │  for each of the next ``prefetch`` batches: one preallocated uint8 tensor (B, H, W, 3)
+        └─> thread pool: read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
+                          straight into the batch tensor (decoders and OpenCV release the GIL)
+    __iter__ yields (images, labels) in order; images are NCHW views of NHWC memory (channels_last)
+
+No worker processes: nothing is pickled, copied between processes or started per epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from stoker.data.dataset import ShardDataset
+from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.errors import CorruptDataError
+from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
+from stoker.loader.decode import decode_into
+
+Order = Literal["quasi_random", "random", "sequential"]
+
+
+class Loader:
+    """Iterate ``(images, labels)`` batches of ``dataset`` (a ShardDataset), like a DataLoader.
+
+    ``crop`` says what every image becomes (see :class:`CropSpec`; default RandomResizedCrop to
+    224x224 with flips). ``order``: ``quasi_random`` (default; blocks of a shard shuffled, read
+    whole), ``random`` or ``sequential``. The same ``seed`` and epoch give the same order and the
+    same crops whatever ``threads`` is. Each full pass advances the epoch; ``state_dict`` /
+    ``load_state_dict`` resume mid-epoch at the next unseen batch. Under DDP (``rank`` and
+    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
+    rank gets a disjoint share of equal length, padded by repeating the start of the order unless
+    ``drop_last``, so every rank yields the same number of batches.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int,
+        *,
+        crop: CropSpec | None = None,
+        order: Order = "quasi_random",
+        threads: int | None = None,
+        prefetch: int = 2,
+        seed: int = 0,
+        drop_last: bool = False,
+        window: int = 16,
+        channels_last: bool = False,
+        device: torch.device | str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if order not in ("quasi_random", "random", "sequential"):
+            raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.crop = crop or CropSpec()
+        self.order = order
+        self.threads = threads or os.cpu_count() or 1
+        self.prefetch = max(1, prefetch)
+        self.seed = seed
+        self.drop_last = drop_last
+        self.window = window
+        self.channels_last = channels_last
+        self.device = torch.device(device) if device is not None else None
+        self.rank, self.world_size = _distributed(rank, world_size)
+        shards = dataset.shards
+        counts = np.diff(shards.starts)
+        self._bounds = block_bounds(np.repeat(np.arange(len(counts)), counts), shards.column("start"),
+                                    shards.block_bytes)
+        self.epoch = 0
+        self._batches_done = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        share = len(self._share(0))
+        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at the beginning of ``epoch``."""
+        self.epoch, self._batches_done = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the loader is: resuming from this yields exactly the batches not yet yielded."""
+        return {"epoch": self.epoch, "batches_done": self._batches_done, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a :meth:`state_dict` (the same data set, batch size and rank layout)."""
+        self.epoch, self._batches_done, self.seed = state["epoch"], state["batches_done"], state["seed"]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        share = self._share(self.epoch)
+        batches = iter(range(self._batches_done, len(self)))
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
+        pending: deque[tuple[int, torch.Tensor, torch.Tensor, list[Future]]] = deque()
+        try:
+            for batch in batches:
+                pending.append(self._submit(pool, share, batch))
+                if len(pending) >= self.prefetch:
+                    break
+            while pending:
+                batch, images, labels, futures = pending.popleft()
+                next_batch = next(batches, None)
+                if next_batch is not None:  # queued behind this batch's work: the pool never idles
+                    pending.append(self._submit(pool, share, next_batch))
+                for future in futures:
+                    future.result()
+                self._batches_done = batch + 1
+                yield self._deliver(images, labels)
+            self.epoch, self._batches_done = self.epoch + 1, 0
+        finally:
+            for _, _, _, futures in pending:
+                for future in futures:
+                    future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
+        return self._share(self.epoch if epoch is None else epoch)
+
+    def _share(self, epoch: int) -> np.ndarray:
+        n = int(self._bounds[-1])
+        if self.order == "quasi_random":
+            order = quasi_random_order(self._bounds, self.window, self.seed, epoch)
+        elif self.order == "random":
+            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        else:
+            order = np.arange(n, dtype=np.int64)
+        return rank_share(order, self.rank, self.world_size, self.drop_last)
+
+    def _submit(self, pool: ThreadPoolExecutor, share: np.ndarray,
+                batch: int) -> tuple[int, torch.Tensor, torch.Tensor, list[Future]]:
+        """Allocate batch ``batch``'s tensors and queue its samples on the pool, split across the threads."""
+        indices = share[batch * self.batch_size : (batch + 1) * self.batch_size]
+        out_h, out_w = self.crop.size
+        images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
+        labels = torch.empty(len(indices), dtype=torch.int64)
+        draws = draw_batch(self.seed, self.epoch, batch * self.world_size + self.rank, len(indices), self.crop)
+        pixels, targets = images.numpy(), labels.numpy()
+        chunks = np.array_split(np.arange(len(indices)), min(self.threads, len(indices)))
+        futures = [pool.submit(self._fill, indices, chunk, draws, pixels, targets) for chunk in chunks if len(chunk)]
+        return batch, images, labels, futures
+
+    def _fill(self, indices: np.ndarray, positions: np.ndarray, draws: BatchDraws, pixels: np.ndarray,
+              targets: np.ndarray) -> None:
+        """Read, decode and place the samples at ``positions`` of one batch (runs on a pool thread)."""
+        for j in positions:
+            index = int(indices[j])
+            data, targets[j] = self.dataset.read_image(index)
+            try:
+                decode_into(data, self.crop, draws.tries[j], bool(draws.flips[j]), pixels[j])
+            except Exception as e:  # decoders raise many types for bad data
+                shard, local = self.dataset.shards.locate(index)
+                raise CorruptDataError(self.dataset.shards.reader(shard).path, self.dataset.key(index),
+                                       f"image does not decode ({type(e).__name__}: {e})") from None
+
+    def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: torch.channels_last
+        if self.device is not None and self.device.type != "cpu":
+            images = images.pin_memory().to(self.device, non_blocking=True)
+            labels = labels.pin_memory().to(self.device, non_blocking=True)
+        return images, labels
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: given, else torch.distributed's, else RANK / WORLD_SIZE, else (0, 1)."""
+    if rank is None or world_size is None:
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} out of range for world size {world_size}")
+    return rank, world_size

@@ -1,0 +1,138 @@
+"""stoker.Loader on real shards: determinism, resume, DDP shares, errors, shutdown, pixels."""
+
+from __future__ import annotations
+
+import gc
+import io
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from PIL import Image
+
+import stoker
+from stoker.errors import CorruptDataError
+from stoker.loader.crops import crop_box, draw_batch
+from tests.conftest import PHOTOS
+
+
+def batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def test_same_seed_same_batches_whatever_the_thread_count(packed):
+    dataset = stoker.ShardDataset(packed)
+    one = batches(stoker.Loader(dataset, 10, threads=1, seed=4))
+    three = batches(stoker.Loader(dataset, 10, threads=3, seed=4, prefetch=3))
+    assert len(one) == len(three) == -(-PHOTOS // 10)
+    for (a, la), (b, lb) in zip(one, three):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    other = batches(stoker.Loader(dataset, 10, threads=2, seed=5))
+    assert not torch.equal(one[0][0], other[0][0])
+
+
+def test_every_sample_once_per_epoch_and_epochs_differ(packed):
+    dataset = stoker.ShardDataset(packed)
+    loader = stoker.Loader(dataset, 16, threads=2, crop=stoker.CropSpec(size=(32, 48)))
+    first_order = loader.indices()
+    labels = torch.cat([labels for _, labels in loader])
+    assert sorted(labels.tolist()) == sorted(dataset.targets.tolist())
+    assert sorted(first_order.tolist()) == list(range(PHOTOS))
+    assert loader.epoch == 1 and not np.array_equal(loader.indices(), first_order)
+    images, _ = next(iter(loader))
+    assert images.shape == (16, 3, 32, 48) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_resume_mid_epoch_yields_exactly_the_unseen_batches(packed):
+    dataset = stoker.ShardDataset(packed)
+    reference = batches(stoker.Loader(dataset, 8, threads=2, seed=1))
+    loader = stoker.Loader(dataset, 8, threads=2, seed=1)
+    seen = []
+    for images, labels in loader:
+        seen.append((images.clone(), labels.clone()))
+        if len(seen) == 3:
+            break
+    state = loader.state_dict()
+    resumed = stoker.Loader(dataset, 8, threads=1, seed=99)
+    resumed.load_state_dict(state)
+    rest = batches(resumed)
+    assert len(seen) + len(rest) == len(reference)
+    for (a, la), (b, lb) in zip(seen + rest, reference):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_break_and_garbage_collection_leave_no_threads(packed):
+    dataset = stoker.ShardDataset(packed)
+    before = threading.active_count()
+    for _ in range(3):
+        for _ in stoker.Loader(dataset, 4, threads=3):
+            break
+    iterator = iter(stoker.Loader(dataset, 4, threads=3))
+    next(iterator)
+    del iterator
+    gc.collect()
+    assert threading.active_count() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("stoker-loader")]
+
+
+def test_a_bad_image_surfaces_with_its_key(packed, tmp_path):
+    root = tmp_path / "bad"
+    shutil.copytree(packed, root)
+    dataset = stoker.ShardDataset(root, verify=False)
+    victim = 5
+    shard, local = dataset.shards.locate(victim)
+    member = dataset.shards.index(shard).sample_members(local)[0]
+    with open(dataset.shards.reader(shard).path, "r+b") as f:
+        f.seek(int(member["offset"]) + 2)
+        f.write(b"\x00" * 600)  # destroys the JPEG headers after the start-of-image marker
+    with pytest.raises(CorruptDataError, match="does not decode") as info:
+        for _ in stoker.Loader(dataset, 8, threads=2, order="sequential"):
+            pass
+    assert info.value.key == dataset.key(victim)
+
+
+def test_pixels_match_a_reference_crop(packed):
+    dataset = stoker.ShardDataset(packed, decode="raw")
+    spec = stoker.CropSpec(kind="random_resized", size=(96, 128), flip=True)
+    loader = stoker.Loader(dataset, 6, threads=2, crop=spec, order="sequential", channels_last=True, seed=3)
+    images, _ = next(iter(loader))
+    draws = draw_batch(3, 0, 0, 6, spec)
+    for j in range(6):
+        photo = Image.open(io.BytesIO(dataset[j][0])).convert("RGB")
+        top, left, ch, cw = crop_box(spec, photo.height, photo.width, draws.tries[j])
+        reference = photo.resize((128, 96), Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch))
+        if draws.flips[j]:
+            reference = reference.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        ours, theirs = images[j].numpy().astype(float), np.asarray(reference).astype(float)
+        # Reduced-scale DCT decode and another resize filter: close, not identical. The photos carry
+        # grain (sigma 8 levels), which is where the two differ most; the geometry must agree exactly,
+        # which the correlation checks (a crop one pixel off, or a wrong flip, falls well below it).
+        assert np.abs(ours - theirs).mean() < 8, (j, np.abs(ours - theirs).mean())
+        assert np.corrcoef(ours.ravel(), theirs.ravel())[0, 1] > 0.97, j
+
+
+def _rank_main(rank: int, port: int, root: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    loader = stoker.Loader(stoker.ShardDataset(root), 7, threads=2, crop=stoker.CropSpec(size=(16, 16)))
+    count = sum(1 for _ in loader)
+    np.save(Path(out) / f"rank{rank}.npy", np.append(loader.indices(0), count))
+    dist.destroy_process_group()
+
+
+def test_ddp_ranks_get_disjoint_equal_shares(packed, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(port, str(packed), str(tmp_path)), nprocs=2, join=True)
+    shares = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
+    counts = [int(s[-1]) for s in shares]
+    indices = [set(s[:-1].tolist()) for s in shares]
+    assert counts[0] == counts[1] == -(-(PHOTOS // 2) // 7)
+    assert indices[0].isdisjoint(indices[1]) and indices[0] | indices[1] == set(range(PHOTOS))
