@@ -136,3 +136,8 @@ def test_ddp_ranks_get_disjoint_equal_shares(packed, tmp_path):
     indices = [set(s[:-1].tolist()) for s in shares]
     assert counts[0] == counts[1] == -(-(PHOTOS // 2) // 7)
     assert indices[0].isdisjoint(indices[1]) and indices[0] | indices[1] == set(range(PHOTOS))
+
+
+def test_a_dataset_transform_is_refused_not_ignored(packed):
+    with pytest.raises(ValueError, match="per-sample transforms"):
+        stoker.Loader(stoker.ShardDataset(packed, transform=lambda image: image), 8)

@@ -60,6 +60,9 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        if dataset.transform is not None or dataset.target_transform is not None:
+            raise ValueError("Loader decodes and crops itself and does not run per-sample transforms yet; "
+                             "pass a ShardDataset without transform/target_transform")
         if order not in ("quasi_random", "random", "sequential"):
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
         self.dataset = dataset
