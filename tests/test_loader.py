@@ -101,7 +101,7 @@ def test_a_bad_image_surfaces_with_its_key(packed, tmp_path):
 def test_pixels_match_a_reference_crop(packed):
     dataset = stoker.ShardDataset(packed, decode="raw")
     spec = stoker.CropSpec(kind="random_resized", size=(96, 128), flip=True)
-    loader = stoker.Loader(dataset, 6, threads=2, crop=spec, order="sequential", channels_last=True, seed=3)
+    loader = stoker.Loader(dataset, 6, threads=2, crop=spec, order="sequential", layout="NHWC", seed=3)
     images, _ = next(iter(loader))
     draws = draw_batch(3, 0, 0, 6, spec)
     for j in range(6):

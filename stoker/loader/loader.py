@@ -36,8 +36,10 @@ class Loader:
     ``crop`` says what every image becomes (see :class:`CropSpec`; default RandomResizedCrop to
     224x224 with flips). ``order``: ``quasi_random`` (default; blocks of a shard shuffled, read
     whole), ``random`` or ``sequential``. The same ``seed`` and epoch give the same order and the
-    same crops whatever ``threads`` is. Each full pass advances the epoch; ``state_dict`` /
-    ``load_state_dict`` resume mid-epoch at the next unseen batch. Under DDP (``rank`` and
+    same crops whatever ``threads`` is. Each full pass advances the epoch; a pass that was left
+    early continues where it stopped, and ``state_dict`` / ``load_state_dict`` resume mid-epoch at
+    the next unseen batch in another process. Batches are ``layout`` NCHW (a view of channels_last
+    memory) or NHWC; ``device`` copies them there through pinned memory. Under DDP (``rank`` and
     ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
     rank gets a disjoint share of equal length, padded by repeating the start of the order unless
     ``drop_last``, so every rank yields the same number of batches.
@@ -55,7 +57,7 @@ class Loader:
         seed: int = 0,
         drop_last: bool = False,
         window: int = 16,
-        channels_last: bool = False,
+        layout: Literal["NCHW", "NHWC"] = "NCHW",
         device: torch.device | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -65,6 +67,8 @@ class Loader:
                              "pass a ShardDataset without transform/target_transform")
         if order not in ("quasi_random", "random", "sequential"):
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
         self.dataset = dataset
         self.batch_size = batch_size
         self.crop = crop or CropSpec()
@@ -74,7 +78,7 @@ class Loader:
         self.seed = seed
         self.drop_last = drop_last
         self.window = window
-        self.channels_last = channels_last
+        self.layout = layout
         self.device = torch.device(device) if device is not None else None
         self.rank, self.world_size = _distributed(rank, world_size)
         shards = dataset.shards
@@ -86,7 +90,8 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
-        share = len(self._share(0))
+        n = int(self._bounds[-1])
+        share = n // self.world_size if self.drop_last else -(-n // self.world_size)
         return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -163,12 +168,12 @@ class Loader:
             try:
                 decode_into(data, self.crop, draws.tries[j], bool(draws.flips[j]), pixels[j])
             except Exception as e:  # decoders raise many types for bad data
-                shard, local = self.dataset.shards.locate(index)
+                shard, _ = self.dataset.shards.locate(index)
                 raise CorruptDataError(self.dataset.shards.reader(shard).path, self.dataset.key(index),
                                        f"image does not decode ({type(e).__name__}: {e})") from None
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.channels_last:
+        if self.layout == "NCHW":
             images = images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: torch.channels_last
         if self.device is not None and self.device.type != "cpu":
             images = images.pin_memory().to(self.device, non_blocking=True)
