@@ -25,7 +25,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.order import block_bounds, quasi_random_order, rank_share
 from stoker.errors import CorruptDataError
 from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
-from stoker.loader.decode import decode_into
+from stoker.loader.decode_crop import decode_into
 
 Order = Literal["quasi_random", "random", "sequential"]
 
