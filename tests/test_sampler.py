@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
+
 import numpy as np
 import pytest
 
 import stoker
 from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_share
+from stoker.data.readahead import BlockReadahead
+from stoker.storage import evict
 
 
 def test_block_bounds_never_cross_shards_or_blocks():
@@ -86,3 +92,32 @@ def test_mixing_against_a_full_shuffle():
     assert quasi > 0.25 * full  # 16 open blocks give ~12 classes per batch of 64 against ~48
     shuffled_pack = np.random.default_rng(1).permutation(labels)
     assert classes_per_batch(shuffled_pack[quasi_random_order(bounds, 16, 0, 0)], 64) > 0.95 * full
+
+
+def resident_bytes(path) -> int:
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip() or 0)
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
+def test_readahead_brings_the_next_blocks_into_the_page_cache(packed):
+    dataset = stoker.ShardDataset(packed, decode="raw", block_bytes=128 << 10)
+    sampler = stoker.QuasiRandomSampler(dataset, window=1, seed=2)
+    order = sampler.order()
+    files = [packed / s.name for s in dataset.shards.manifest.shards]
+    evict(files)
+    if any(resident_bytes(f) for f in files):
+        pytest.skip("this file system keeps pages that posix_fadvise(DONTNEED) should drop (tmpfs?)")
+    readahead = BlockReadahead(dataset.shards, sampler.bounds, order, ahead=1)
+    readahead.advance(0)  # only the block of order[0] is needed within 1 sample
+    shard, _ = dataset.shards.locate(int(order[0]))
+    block = np.searchsorted(sampler.bounds, order[0], side="right") - 1
+    shard_start = int(dataset.shards.starts[shard])
+    start, end = dataset.shards.index(shard).span(int(sampler.bounds[block]) - shard_start,
+                                                  int(sampler.bounds[block + 1]) - 1 - shard_start)
+    wait_until = time.monotonic() + 5
+    while resident_bytes(files[shard]) < (end - start) * 0.9 and time.monotonic() < wait_until:
+        time.sleep(0.05)
+    assert resident_bytes(files[shard]) >= (end - start) * 0.9
+    assert sum(resident_bytes(f) for i, f in enumerate(files) if i != shard) == 0

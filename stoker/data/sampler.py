@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.order import block_bounds, block_schedule, quasi_random_order, rank_share
+from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.data.readahead import BlockReadahead
 
 _CHUNK = 1 << 16
 _HINT_EVERY = 64
@@ -82,15 +83,13 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             for start in range(0, len(share), _CHUNK):
                 yield from share[start : start + _CHUNK].tolist()
             return
-        blocks, opens = block_schedule(self.bounds, share)
-        ahead = self.window * max(1, len(share) // max(1, len(blocks)))
-        hinted = 0
+        readahead = BlockReadahead(self.shards, self.bounds, share, self.window * self._mean_block_samples())
         for start in range(0, len(share), _HINT_EVERY):
-            while hinted < len(blocks) and opens[hinted] < start + _HINT_EVERY + ahead:
-                block = blocks[hinted]
-                self.shards.readahead(int(self.bounds[block]), int(self.bounds[block + 1]))
-                hinted += 1
+            readahead.advance(start + _HINT_EVERY)
             yield from share[start : start + _HINT_EVERY].tolist()
+
+    def _mean_block_samples(self) -> int:
+        return max(1, self.total_samples // max(1, len(self.bounds) - 1))
 
     def __len__(self) -> int:
         n = self.total_samples

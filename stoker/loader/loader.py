@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.data.readahead import BlockReadahead
 from stoker.errors import CorruptDataError
 from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
@@ -108,19 +109,23 @@ class Loader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         share = self._share(self.epoch)
+        readahead = None
+        if self.order != "random":  # whole blocks ahead of a fully random order would be read for one sample each
+            ahead = self.window * max(1, int(self._bounds[-1]) // max(1, len(self._bounds) - 1))
+            readahead = BlockReadahead(self.dataset.shards, self._bounds, share, ahead)
         batches = iter(range(self._batches_done, len(self)))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         pending: deque[tuple[int, torch.Tensor, torch.Tensor, list[Future]]] = deque()
         try:
             for batch in batches:
-                pending.append(self._submit(pool, share, batch))
+                pending.append(self._submit(pool, share, batch, readahead))
                 if len(pending) >= self.prefetch:
                     break
             while pending:
                 batch, images, labels, futures = pending.popleft()
                 next_batch = next(batches, None)
                 if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(pool, share, next_batch))
+                    pending.append(self._submit(pool, share, next_batch, readahead))
                 for future in futures:
                     future.result()
                 self._batches_done = batch + 1
@@ -146,9 +151,11 @@ class Loader:
             order = np.arange(n, dtype=np.int64)
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
-    def _submit(self, pool: ThreadPoolExecutor, share: np.ndarray,
-                batch: int) -> tuple[int, torch.Tensor, torch.Tensor, list[Future]]:
+    def _submit(self, pool: ThreadPoolExecutor, share: np.ndarray, batch: int,
+                readahead: BlockReadahead | None) -> tuple[int, torch.Tensor, torch.Tensor, list[Future]]:
         """Allocate batch ``batch``'s tensors and queue its samples on the pool, split across the threads."""
+        if readahead is not None:
+            readahead.advance(batch * self.batch_size)
         indices = share[batch * self.batch_size : (batch + 1) * self.batch_size]
         out_h, out_w = self.crop.size
         images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
