@@ -115,17 +115,20 @@ class Loader:
             readahead = BlockReadahead(self.dataset.shards, self._bounds, share, ahead)
         batches = iter(range(self._batches_done, len(self)))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
+        # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
+        # while the kernel queues the reads, and the batch pipeline must not wait for that.
+        hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         pending: deque[tuple[int, torch.Tensor, torch.Tensor, list[Future]]] = deque()
         try:
             for batch in batches:
-                pending.append(self._submit(pool, share, batch, readahead))
+                pending.append(self._submit(pool, hints, share, batch, readahead))
                 if len(pending) >= self.prefetch:
                     break
             while pending:
                 batch, images, labels, futures = pending.popleft()
                 next_batch = next(batches, None)
                 if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(pool, share, next_batch, readahead))
+                    pending.append(self._submit(pool, hints, share, next_batch, readahead))
                 for future in futures:
                     future.result()
                 self._batches_done = batch + 1
@@ -136,6 +139,7 @@ class Loader:
                 for future in futures:
                     future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
+            hints.shutdown(wait=True, cancel_futures=True)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
@@ -151,11 +155,11 @@ class Loader:
             order = np.arange(n, dtype=np.int64)
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
-    def _submit(self, pool: ThreadPoolExecutor, share: np.ndarray, batch: int,
+    def _submit(self, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, share: np.ndarray, batch: int,
                 readahead: BlockReadahead | None) -> tuple[int, torch.Tensor, torch.Tensor, list[Future]]:
         """Allocate batch ``batch``'s tensors and queue its samples on the pool, split across the threads."""
         if readahead is not None:
-            readahead.advance(batch * self.batch_size)
+            hints.submit(readahead.advance, batch * self.batch_size)
         indices = share[batch * self.batch_size : (batch + 1) * self.batch_size]
         out_h, out_w = self.crop.size
         images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
