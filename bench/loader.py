@@ -8,6 +8,8 @@ Output for every reader: 224x224 uint8 batches of 256, RandomResizedCrop + horiz
 Peers (FFCV, DALI, WebDataset, MosaicML Streaming, LitData, SPDL) are not in this script yet.
 
     .venv/bin/python bench/loader.py            # 4,000 sample photos, medians of 3
+    ../shared/hdd-profile -- .venv/bin/python bench/loader.py --cold --only stoker,loose2
+                                                # every run starts from a cold page cache
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch.utils.data import DataLoader
 from stoker import CropSpec, Loader, ShardDataset
 from stoker.data.folder import FolderDataset
 from stoker.loader.crops import crop_box
+from stoker.storage import evict
 
 from _common import header, med, median_runs, prepared_photos
 
@@ -63,6 +66,8 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="evict the run's files from the page cache before each run")
+    parser.add_argument("--only", default="", help="comma-separated run names (stoker, stoker160, limit, looseN, shardsN)")
     args = parser.parse_args()
     photos, shards = prepared_photos(args.data, args.photos)
     header("bench/loader.py: stoker.Loader vs torch DataLoader, warm cache")
@@ -76,16 +81,23 @@ def main() -> None:
     packed = ShardDataset(shards, decode="pil", transform=transform)
     first_batch = {}
 
+    shard_files = [shards / s.name for s in dataset.shards.manifest.shards]
+
     def stoker_run(crop: CropSpec):
         def run() -> float:
+            if args.cold:
+                evict(shard_files)
             loader = Loader(dataset, args.batch, crop=crop, threads=cores)
             images_per_s, first_batch[crop.size] = rate(loader)
             return images_per_s
         return run
 
     def dataloader_run(ds, workers):
-        return lambda: rate(DataLoader(ds, args.batch, shuffle=True, num_workers=workers,
-                                       persistent_workers=False))[0]
+        def run() -> float:
+            if args.cold:
+                evict(loose.paths if ds is loose else shard_files)
+            return rate(DataLoader(ds, args.batch, shuffle=True, num_workers=workers))[0]
+        return run
 
     def limit_run() -> float:
         def decode(chunk: np.ndarray) -> None:
@@ -101,8 +113,15 @@ def main() -> None:
     runs = {"stoker": stoker_run(spec), "stoker160": stoker_run(small), "limit": limit_run}
     runs |= {f"loose{w}": dataloader_run(loose, w) for w in range(cores + 1)}
     runs |= {f"shards{w}": dataloader_run(packed, w) for w in range(1, cores + 1)}
+    if args.only:
+        runs = {k: v for k, v in runs.items() if k in args.only.split(",")}
     results = median_runs(runs, args.repeat)
     medians = {k: med(v) for k, v in results.items()}
+    if args.only:
+        print(f"{'cold' if args.cold else 'warm'} page cache; medians of {args.repeat}: "
+              + "; ".join(f"{k} {medians[k]:.0f} img/s (runs {', '.join(f'{v:.0f}' for v in results[k])})"
+                          for k in results))
+        return
     best_loose = max((k for k in medians if k.startswith("loose")), key=medians.get)
     best_shards = max((k for k in medians if k.startswith("shards")), key=medians.get)
     print(f"data: {len(dataset)} photos (mean {np.mean([len(r) for r in raw]) / 1e3:.0f} KB), batch {args.batch}, "
