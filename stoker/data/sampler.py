@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
 
 _CHUNK = 1 << 16
@@ -51,10 +51,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
-        self.shards = shards = dataset.shards
-        counts = np.diff(shards.starts)
-        shard_of_sample = np.repeat(np.arange(len(counts)), counts)
-        self.bounds = block_bounds(shard_of_sample, shards.column("start"), shards.block_bytes)
+        self.shards = dataset.shards
+        self.bounds = self.shards.block_bounds()
         self.window = window
         self.seed = seed
         self.shuffle = shuffle

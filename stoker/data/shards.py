@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker.data.order import block_bounds
 from stoker.errors import CorruptDataError
 from stoker.format import Manifest, ShardEntry, ShardIndex, file_checksum, member_checksum, read_manifest
 
@@ -193,6 +194,11 @@ class ShardSet:
         """Start reading global samples ``start:stop`` (all in one shard) in the background."""
         shard, local = self.locate(start)
         self.reader(shard).readahead(local, local + (stop - start) - 1)
+
+    def block_bounds(self) -> np.ndarray:
+        """Block boundaries over all samples (see :func:`stoker.data.order.block_bounds`), for ``block_bytes``."""
+        counts = np.diff(self.starts)
+        return block_bounds(np.repeat(np.arange(len(counts)), counts), self.column("start"), self.block_bytes)
 
     def column(self, name: str) -> np.ndarray:
         """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.order import block_bounds, quasi_random_order, rank_share
+from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
 from stoker.errors import CorruptDataError
 from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
@@ -82,10 +82,7 @@ class Loader:
         self.layout = layout
         self.device = torch.device(device) if device is not None else None
         self.rank, self.world_size = _distributed(rank, world_size)
-        shards = dataset.shards
-        counts = np.diff(shards.starts)
-        self._bounds = block_bounds(np.repeat(np.arange(len(counts)), counts), shards.column("start"),
-                                    shards.block_bytes)
+        self._bounds = dataset.shards.block_bounds()
         self.epoch = 0
         self._batches_done = 0
 
