@@ -109,8 +109,9 @@ def test_readahead_brings_the_next_blocks_into_the_page_cache(packed):
     evict(files)
     if any(resident_bytes(f) for f in files):
         pytest.skip("this file system keeps pages that posix_fadvise(DONTNEED) should drop (tmpfs?)")
-    readahead = BlockReadahead(dataset.shards, sampler.bounds, order, ahead=1)
-    readahead.advance(0)  # only the block of order[0] is needed within 1 sample
+    readahead = BlockReadahead(dataset.shards, sampler.bounds, order, window=1)
+    readahead.ahead = 1  # only the block of order[0] is needed within 1 sample
+    readahead.advance(0)
     shard, _ = dataset.shards.locate(int(order[0]))
     block = np.searchsorted(sampler.bounds, order[0], side="right") - 1
     shard_start = int(dataset.shards.starts[shard])

@@ -12,7 +12,6 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
 
-_CHUNK = 1 << 16
 _HINT_EVERY = 64
 
 
@@ -77,17 +76,11 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         share = self.order()
-        if not self.readahead:
-            for start in range(0, len(share), _CHUNK):
-                yield from share[start : start + _CHUNK].tolist()
-            return
-        readahead = BlockReadahead(self.shards, self.bounds, share, self.window * self._mean_block_samples())
+        readahead = BlockReadahead(self.shards, self.bounds, share, self.window) if self.readahead else None
         for start in range(0, len(share), _HINT_EVERY):
-            readahead.advance(start + _HINT_EVERY)
+            if readahead is not None:
+                readahead.advance(start + _HINT_EVERY)
             yield from share[start : start + _HINT_EVERY].tolist()
-
-    def _mean_block_samples(self) -> int:
-        return max(1, self.total_samples // max(1, len(self.bounds) - 1))
 
     def __len__(self) -> int:
         n = self.total_samples

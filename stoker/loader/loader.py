@@ -108,8 +108,7 @@ class Loader:
         share = self._share(self.epoch)
         readahead = None
         if self.order != "random":  # whole blocks ahead of a fully random order would be read for one sample each
-            ahead = self.window * max(1, int(self._bounds[-1]) // max(1, len(self._bounds) - 1))
-            readahead = BlockReadahead(self.dataset.shards, self._bounds, share, ahead)
+            readahead = BlockReadahead(self.dataset.shards, self._bounds, share, self.window)
         batches = iter(range(self._batches_done, len(self)))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
