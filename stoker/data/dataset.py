@@ -96,14 +96,18 @@ class ShardDataset(torch.utils.data.Dataset):
             raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
         return reader.read_member(local, member), int(reader.index.labels[local])
 
+    def decode_error(self, index: int, error: Exception) -> CorruptDataError:
+        """The error to raise when sample ``index``'s image does not decode: it names shard and key."""
+        shard, _ = self.shards.locate(index)
+        return CorruptDataError(self.shards.reader(shard).path, self.key(index),
+                                f"image does not decode ({type(error).__name__}: {error})")
+
     def _load(self, index: int) -> tuple[Any, Any]:
         data, label = self.read_image(index)
         try:
             image = decode_image(data, self.decode)
         except Exception as e:  # Pillow raises many types for bad data
-            shard, _ = self.shards.locate(index)
-            raise CorruptDataError(self.shards.reader(shard).path, self.key(index),
-                                   f"image does not decode ({type(e).__name__}: {e})") from None
+            raise self.decode_error(index, e) from None
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

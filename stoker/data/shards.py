@@ -202,6 +202,8 @@ class ShardSet:
 
     def column(self, name: str) -> np.ndarray:
         """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""
+        # Copy each column as it is read: a view would keep its shard's mapping (and the mapping's
+        # file descriptor) open past the max_open_shards bound until the concatenation.
         parts = [np.array(self.index(s).samples[name]) for s in range(len(self.manifest.shards))]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 

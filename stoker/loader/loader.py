@@ -24,7 +24,6 @@ import torch.distributed as dist
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
-from stoker.errors import CorruptDataError
 from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 
@@ -175,9 +174,7 @@ class Loader:
             try:
                 decode_into(data, self.crop, draws.tries[j], bool(draws.flips[j]), pixels[j])
             except Exception as e:  # decoders raise many types for bad data
-                shard, _ = self.dataset.shards.locate(index)
-                raise CorruptDataError(self.dataset.shards.reader(shard).path, self.dataset.key(index),
-                                       f"image does not decode ({type(e).__name__}: {e})") from None
+                raise self.dataset.decode_error(index, e) from None
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layout == "NCHW":
