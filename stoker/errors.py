@@ -31,3 +31,16 @@ class CorruptDataError(StokerError):
 
 class PackError(StokerError):
     """Packing stopped: a bad input under ``strict``, an unwritable destination or a full disk."""
+
+
+class TransformError(StokerError):
+    """A user's per-sample transform raised; ``key`` names the sample it was given, and the
+    transform's own exception is the ``__cause__``."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"transform failed on sample {key!r}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.key, self.reason)

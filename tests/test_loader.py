@@ -141,3 +141,61 @@ def test_ddp_ranks_get_disjoint_equal_shares(packed, tmp_path):
 def test_a_dataset_transform_is_refused_not_ignored(packed):
     with pytest.raises(ValueError, match="per-sample transforms"):
         stoker.Loader(stoker.ShardDataset(packed, transform=lambda image: image), 8)
+
+
+def _scale(image: torch.Tensor) -> torch.Tensor:
+    return image.float() / 255
+
+
+def _fail_on_dark(image: torch.Tensor) -> torch.Tensor:
+    if image.float().mean() < 1000:  # every image: the transform always fails
+        raise ValueError("too dark")
+    return image
+
+
+def test_a_transform_runs_on_every_sample_after_the_crop(packed):
+    dataset = stoker.ShardDataset(packed)
+    crop = stoker.CropSpec(size=(24, 32))
+    plain = batches(stoker.Loader(dataset, 8, threads=2, seed=2, crop=crop))
+    scaled = batches(stoker.Loader(dataset, 8, threads=2, seed=2, crop=crop, transform=_scale))
+    assert len(plain) == len(scaled)
+    for (a, la), (b, lb) in zip(plain, scaled):
+        assert b.dtype == torch.float32 and b.shape == a.shape and b.is_contiguous()
+        assert torch.equal(a.float() / 255, b) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_processes_make_the_same_batches_as_threads(packed, context):
+    dataset = stoker.ShardDataset(packed)
+    crop = stoker.CropSpec(size=(24, 32))
+    threads = batches(stoker.Loader(dataset, 8, threads=2, seed=6, crop=crop, transform=_scale))
+    loader = stoker.Loader(dataset, 8, seed=6, crop=crop, transform=_scale, processes=2, mp_context=context)
+    processes = batches(loader)
+    assert len(processes) == len(threads) and loader.epoch == 1
+    for (a, la), (b, lb) in zip(threads, processes):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_worker_processes_resume_and_stop_on_break(packed):
+    dataset = stoker.ShardDataset(packed)
+    crop = stoker.CropSpec(size=(16, 16))
+    reference = batches(stoker.Loader(dataset, 8, threads=1, seed=1, crop=crop))
+    loader = stoker.Loader(dataset, 8, seed=1, crop=crop, processes=2)
+    for seen, _ in enumerate(loader, start=1):
+        if seen == 2:
+            break
+    assert not mp.active_children()
+    resumed = stoker.Loader(dataset, 8, seed=1, crop=crop, processes=2)
+    resumed.load_state_dict(loader.state_dict())
+    rest = batches(resumed)
+    assert len(rest) == len(reference) - 2
+    for (a, la), (b, lb) in zip(rest, reference[2:]):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_a_failing_transform_surfaces_with_the_sample_key(packed, processes):
+    dataset = stoker.ShardDataset(packed)
+    loader = stoker.Loader(dataset, 8, threads=2, order="sequential", transform=_fail_on_dark, processes=processes)
+    with pytest.raises(Exception, match=f"transform failed on sample '{dataset.key(0)}'.*too dark"):
+        next(iter(loader))

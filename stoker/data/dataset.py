@@ -84,8 +84,10 @@ class ShardDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")
 
-    def read_image(self, index: int) -> tuple[bytes, int]:
-        """The stored (undecoded) image bytes of sample ``index`` and its label; no transform."""
+    def read_image(self, index: int, into: bytearray | None = None) -> tuple[bytes | memoryview, int]:
+        """The stored (undecoded) image bytes of sample ``index`` and its label; no transform.
+        With ``into``, the bytes are read into that reused buffer when they fit (see
+        :meth:`ShardReader.read_member`) and a view of it is returned."""
         shard, local = self.shards.locate(index)
         reader = self.shards.reader(shard)
         members = reader.index.sample_members(local)
@@ -94,7 +96,7 @@ class ShardDataset(torch.utils.data.Dataset):
         if member is None:
             names = [fields[m["field"]] for m in members]
             raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
-        return reader.read_member(local, member), int(reader.index.labels[local])
+        return reader.read_member(local, member, into), int(reader.index.labels[local])
 
     def decode_error(self, index: int, error: Exception) -> CorruptDataError:
         """The error to raise when sample ``index``'s image does not decode: it names shard and key."""

@@ -4,28 +4,32 @@
         │  for each of the next ``prefetch`` batches: one preallocated uint8 tensor (B, H, W, 3)
         └─> thread pool: read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
                           straight into the batch tensor (decoders and OpenCV release the GIL)
+                          ─> optional per-sample transform
     __iter__ yields (images, labels) in order; images are NCHW views of NHWC memory (channels_last)
 
-No worker processes: nothing is pickled, copied between processes or started per epoch.
+By default no worker processes: nothing is pickled, copied between processes or started per
+epoch. With ``processes=N`` (for per-sample transforms that hold the GIL) a torch DataLoader's
+workers each make whole batches with the same code, into shared memory.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
-from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
-from stoker.loader.decode_crop import decode_into
+from stoker.loader.batches import Batch, BatchMaker, SampleTransform
+from stoker.loader.crops import CropSpec
 
 Order = Literal["quasi_random", "random", "sequential"]
 
@@ -43,6 +47,12 @@ class Loader:
     ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
     rank gets a disjoint share of equal length, padded by repeating the start of the order unless
     ``drop_last``, so every rank yields the same number of batches.
+
+    ``transform`` runs on every sample after the crop: it gets a (3, H, W) uint8 tensor (what
+    torchvision v2 transforms take) and returns a tensor; the batch is those tensors stacked, and
+    ``layout`` no longer applies. A transform that holds the GIL (most Python code) serializes the
+    threads: give ``processes=N`` to make batches in N worker processes instead (``mp_context``:
+    ``fork``, ``spawn`` or ``forkserver``; default the platform's).
     """
 
     def __init__(
@@ -61,10 +71,13 @@ class Loader:
         device: torch.device | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        transform: SampleTransform | None = None,
+        processes: int = 0,
+        mp_context: str | None = None,
     ) -> None:
         if dataset.transform is not None or dataset.target_transform is not None:
-            raise ValueError("Loader decodes and crops itself and does not run per-sample transforms yet; "
-                             "pass a ShardDataset without transform/target_transform")
+            raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
+                             "pass Loader(transform=...) and a ShardDataset without transform/target_transform")
         if order not in ("quasi_random", "random", "sequential"):
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
         if layout not in ("NCHW", "NHWC"):
@@ -81,6 +94,9 @@ class Loader:
         self.layout = layout
         self.device = torch.device(device) if device is not None else None
         self.rank, self.world_size = _distributed(rank, world_size)
+        self.processes = processes
+        self.mp_context = mp_context
+        self.transform = transform
         self._bounds = dataset.shards.block_bounds()
         self.epoch = 0
         self._batches_done = 0
@@ -108,33 +124,60 @@ class Loader:
         readahead = None
         if self.order != "random":  # whole blocks ahead of a fully random order would be read for one sample each
             readahead = BlockReadahead(self.dataset.shards, self._bounds, share, self.window)
-        batches = iter(range(self._batches_done, len(self)))
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
-        pending: deque[tuple[int, torch.Tensor, torch.Tensor, list[Future]]] = deque()
+        maker = BatchMaker(self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
+        make = self._in_processes if self.processes > 0 else self._in_threads
+        batches = make(maker, share, hints, readahead)
         try:
-            for batch in batches:
-                pending.append(self._submit(pool, hints, share, batch, readahead))
-                if len(pending) >= self.prefetch:
-                    break
-            while pending:
-                batch, images, labels, futures = pending.popleft()
-                next_batch = next(batches, None)
-                if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(pool, hints, share, next_batch, readahead))
-                for future in futures:
-                    future.result()
+            for batch, (images, labels) in batches:
                 self._batches_done = batch + 1
                 yield self._deliver(images, labels)
             self.epoch, self._batches_done = self.epoch + 1, 0
         finally:
-            for _, _, _, futures in pending:
+            batches.close()  # stops the threads or worker processes now, not when collected
+            hints.shutdown(wait=True, cancel_futures=True)
+
+    def _in_threads(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
+                    readahead: BlockReadahead | None) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+        """Batches made by a pool of threads, ``prefetch`` batches queued ahead of the consumer."""
+        batches = iter(range(self._batches_done, len(self)))
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
+        pending: deque[tuple[Batch, list[Future]]] = deque()
+        try:
+            for batch in batches:
+                pending.append(self._submit(maker, pool, hints, share, batch, readahead))
+                if len(pending) >= self.prefetch:
+                    break
+            while pending:
+                batch, futures = pending.popleft()
+                next_batch = next(batches, None)
+                if next_batch is not None:  # queued behind this batch's work: the pool never idles
+                    pending.append(self._submit(maker, pool, hints, share, next_batch, readahead))
+                for future in futures:
+                    future.result()
+                yield batch.number, maker.finish(batch)
+        finally:
+            for _, futures in pending:
                 for future in futures:
                     future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-            hints.shutdown(wait=True, cancel_futures=True)
+
+    def _in_processes(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
+                      readahead: BlockReadahead | None) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+        """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
+        numbers = range(self._batches_done, len(self))
+        ahead = self.prefetch * self.processes
+        if readahead is not None:
+            hints.submit(readahead.advance, self._batches_done * self.batch_size)
+        workers = DataLoader(_EpochBatches(maker, self.epoch, share, self.batch_size), batch_size=None,
+                             sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
+                             multiprocessing_context=self.mp_context)
+        for batch, made in zip(numbers, workers):
+            if readahead is not None:
+                hints.submit(readahead.advance, (batch + ahead) * self.batch_size)
+            yield batch, made
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
@@ -150,39 +193,33 @@ class Loader:
             order = np.arange(n, dtype=np.int64)
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
-    def _submit(self, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, share: np.ndarray, batch: int,
-                readahead: BlockReadahead | None) -> tuple[int, torch.Tensor, torch.Tensor, list[Future]]:
-        """Allocate batch ``batch``'s tensors and queue its samples on the pool, split across the threads."""
+    def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, share: np.ndarray, number: int,
+                readahead: BlockReadahead | None) -> tuple[Batch, list[Future]]:
+        """Allocate batch ``number`` and queue its samples on the pool, split across the threads."""
         if readahead is not None:
-            hints.submit(readahead.advance, batch * self.batch_size)
-        indices = share[batch * self.batch_size : (batch + 1) * self.batch_size]
-        out_h, out_w = self.crop.size
-        images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
-        labels = torch.empty(len(indices), dtype=torch.int64)
-        draws = draw_batch(self.seed, self.epoch, batch * self.world_size + self.rank, len(indices), self.crop)
-        pixels, targets = images.numpy(), labels.numpy()
-        chunks = np.array_split(np.arange(len(indices)), min(self.threads, len(indices)))
-        futures = [pool.submit(self._fill, indices, chunk, draws, pixels, targets) for chunk in chunks if len(chunk)]
-        return batch, images, labels, futures
-
-    def _fill(self, indices: np.ndarray, positions: np.ndarray, draws: BatchDraws, pixels: np.ndarray,
-              targets: np.ndarray) -> None:
-        """Read, decode and place the samples at ``positions`` of one batch (runs on a pool thread)."""
-        for j in positions:
-            index = int(indices[j])
-            data, targets[j] = self.dataset.read_image(index)
-            try:
-                decode_into(data, self.crop, draws.tries[j], bool(draws.flips[j]), pixels[j])
-            except Exception as e:  # decoders raise many types for bad data
-                raise self.dataset.decode_error(index, e) from None
+            hints.submit(readahead.advance, number * self.batch_size)
+        batch = maker.start(self.epoch, number, share[number * self.batch_size : (number + 1) * self.batch_size])
+        chunks = np.array_split(np.arange(len(batch.indices)), min(self.threads, len(batch.indices)))
+        return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks if len(chunk)]
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout == "NCHW":
+        if self.layout == "NCHW" and self.transform is None:
             images = images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: torch.channels_last
         if self.device is not None and self.device.type != "cpu":
             images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
         return images, labels
+
+
+class _EpochBatches(Dataset):
+    """Batch ``b`` of one epoch, as a map-style data set: what each worker process makes."""
+
+    def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int) -> None:
+        self.maker, self.epoch, self.share, self.batch_size = maker, epoch, share, batch_size
+
+    def __getitem__(self, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
+        return self.maker.make(self.epoch, number, indices)
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -1,0 +1,94 @@
+"""Making one batch: the work that pipeline threads share, or that a worker process does alone.
+
+A batch is fully determined by (seed, epoch, batch number, rank) and the order's indices, so it
+comes out the same whether 1 thread, 8 threads or a worker process makes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stoker.data.dataset import ShardDataset
+from stoker.errors import TransformError
+from stoker.loader.buffers import thread_buffer
+from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
+from stoker.loader.decode_crop import decode_into
+
+# Images larger than this are read into new bytes instead of the thread's reused buffer.
+_READ_BUFFER_BYTES = 16 << 20
+
+SampleTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Batch:
+    """One batch in the making: cropped pixels (NHWC uint8), labels, the random draws behind the
+    crops, and, with a per-sample transform, each sample's transformed tensor."""
+
+    number: int
+    indices: np.ndarray
+    images: torch.Tensor
+    labels: torch.Tensor
+    draws: BatchDraws
+    transformed: list[torch.Tensor | None] | None
+
+
+@dataclass(frozen=True)
+class BatchMaker:
+    """Reads, decodes, crops and (optionally) transforms the samples of a batch. Picklable: a
+    worker process gets a copy and makes whole batches with it."""
+
+    dataset: ShardDataset
+    crop: CropSpec
+    transform: SampleTransform | None
+    seed: int
+    rank: int
+    world_size: int
+
+    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
+        """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
+        ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
+        out_h, out_w = self.crop.size
+        images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
+        if shared:
+            images.share_memory_()
+        labels = torch.empty(len(indices), dtype=torch.int64)
+        draws = draw_batch(self.seed, epoch, number * self.world_size + self.rank, len(indices), self.crop)
+        transformed = [None] * len(indices) if self.transform is not None else None
+        return Batch(number, indices, images, labels, draws, transformed)
+
+    def fill(self, batch: Batch, positions: np.ndarray) -> None:
+        """Read, decode and place the samples at ``positions`` of ``batch`` (any thread)."""
+        pixels, targets = batch.images.numpy(), batch.labels.numpy()
+        for j in positions:
+            index = int(batch.indices[j])
+            data, targets[j] = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
+            try:
+                decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), pixels[j])
+            except Exception as e:  # decoders raise many types for bad data
+                raise self.dataset.decode_error(index, e) from None
+            if batch.transformed is not None:
+                batch.transformed[j] = self._transform(index, batch.images[j].permute(2, 0, 1))
+
+    def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images, labels)``: NHWC uint8 pixels, or the transformed samples stacked."""
+        if batch.transformed is None:
+            return batch.images, batch.labels
+        return torch.stack(batch.transformed), batch.labels  # type: ignore[arg-type]
+
+    def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch, made by the calling thread (a worker process's job)."""
+        batch = self.start(epoch, number, indices, shared=True)
+        self.fill(batch, np.arange(len(indices)))
+        return self.finish(batch)
+
+    def _transform(self, index: int, image: torch.Tensor) -> torch.Tensor:
+        assert self.transform is not None
+        try:
+            return self.transform(image)
+        except Exception as e:
+            raise TransformError(self.dataset.key(index), f"{type(e).__name__}: {e}") from e
