@@ -18,6 +18,7 @@ from PIL import Image
 
 import stoker
 from stoker.errors import CorruptDataError
+from stoker.loader import decode_crop
 from stoker.loader.crops import crop_box, draw_batch
 from tests.conftest import PHOTOS
 
@@ -116,6 +117,18 @@ def test_pixels_match_a_reference_crop(packed):
         # which the correlation checks (a crop one pixel off, or a wrong flip, falls well below it).
         assert np.abs(ours - theirs).mean() < 8, (j, np.abs(ours - theirs).mean())
         assert np.corrcoef(ours.ravel(), theirs.ravel())[0, 1] > 0.97, j
+
+
+@pytest.mark.parametrize("crop", [stoker.CropSpec(size=(96, 128)), stoker.CropSpec(size=(24, 24)),
+                                  stoker.CropSpec("center", size=(64, 64)), stoker.CropSpec("resize", size=(40, 30))])
+def test_region_decode_gives_the_pixels_of_a_whole_image_decode(packed, monkeypatch, crop):
+    pytest.importorskip("stoker.loader._jpeg_region")
+    dataset = stoker.ShardDataset(packed)
+    region = batches(stoker.Loader(dataset, 16, threads=2, crop=crop, seed=3))
+    monkeypatch.setattr(decode_crop, "decode_region", None)  # what an install without the extension runs
+    whole = batches(stoker.Loader(dataset, 16, threads=2, crop=crop, seed=3))
+    for (a, _), (b, _) in zip(region, whole):
+        assert torch.equal(a, b)
 
 
 def _rank_main(rank: int, port: int, root: str, out: str) -> None:

@@ -1,0 +1,14 @@
+"""Build the optional C extension; project metadata lives in pyproject.toml.
+
+stoker.loader._jpeg_region (region-of-interest JPEG decode) links libjpeg(-turbo). Where its headers
+are missing (no libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns
+and stoker installs without it; the loader then decodes whole images with simplejpeg.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"], optional=True),
+    ],
+)
