@@ -1,4 +1,4 @@
-"""The ``stoker`` command: pack, info, verify, cat, sample."""
+"""The ``stoker`` command: pack, info, verify, cat, sample, bench."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from stoker.errors import StokerError
 from stoker.format import DEFAULT_SHARD_BYTES, REJECTED_NAME, read_manifest
@@ -120,6 +121,15 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_loader(args: argparse.Namespace) -> int:
+    from stoker.bench.loader import bench_loader
+
+    peers = dict(peer.split("=", 1) for peer in args.peer)
+    print(bench_loader(args.data, count=args.count, images=args.images, peers=peers, only=args.only,
+                       repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack and read image data sets fast.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -160,6 +170,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(run=_sample)
+
+    bench = commands.add_parser("bench", help="benchmarks to run on your machine").add_subparsers(
+        required=True, metavar="BENCHMARK")
+    p = bench.add_parser("loader", help="stoker.Loader vs torch DataLoader and peer loaders, same images and output")
+    p.add_argument("--data", type=Path, default=Path("stoker-bench"), help="work folder (default ./stoker-bench)")
+    p.add_argument("--images", type=Path, help="your ImageFolder of JPEGs (default: generated sample photos)")
+    p.add_argument("--count", type=int, default=4000, help="number of sample photos to generate (default 4000)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON",
+                   help="also measure a peer (ffcv, dali, webdataset, streaming, litdata, spdl) with the Python "
+                        "of an environment where it is installed; repeatable")
+    p.add_argument("--only", default="", help="comma-separated readers to run: stoker, stoker160, limit, "
+                   "loose0..N, shards1..N and peer names (default: all)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per reader; medians are reported (default 3)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run")
+    p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
+    p.set_defaults(run=_bench_loader)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks a user can run on their own machine: ``stoker bench loader``."""

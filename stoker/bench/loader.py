@@ -1,0 +1,190 @@
+"""``stoker bench loader``: stoker.Loader against torch DataLoader and peer loaders, one run.
+
+Every reader is a script in ``stoker/bench/readers/`` run in a fresh process (with its own Python
+for peers installed elsewhere), twice per repeat-round: nothing is shared between readers but the
+page cache. Each makes the same output: 224x224 uint8 RandomResizedCrop + flip, batches of 256.
+Per reader the table shows medians over the repeats of: img/s of the first epoch in a fresh
+process, img/s of the second (warm) epoch, CPU seconds per 1,000 images (whole process tree, both
+epochs, start-up included), peak PSS of the process tree, and time to the first batch.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stoker.bench.measure import CommandFailed, busy_cores, measure
+from stoker.storage import evict
+
+READERS = Path(__file__).parent / "readers"
+PEERS = ("ffcv", "dali", "webdataset", "streaming", "litdata", "spdl")
+# Another process using more than this many cores makes the figures meaningless.
+MAX_BUSY_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One row: ``script`` (in readers/) run by ``python`` with ``args``; ``key`` is what ``--only`` matches."""
+
+    key: str
+    name: str
+    script: str
+    python: str = sys.executable
+    args: tuple[str, ...] = ()
+    workers: int = os.cpu_count() or 1
+    size: int = 224
+
+
+@dataclass
+class Row:
+    """A reader's runs and their medians; ``error`` when it could not run."""
+
+    reader: Reader
+    first_epoch: list[float] = field(default_factory=list)  # img/s
+    warm_epoch: list[float] = field(default_factory=list)  # img/s
+    cpu_per_1000: list[float] = field(default_factory=list)  # CPU seconds
+    peak_pss_mb: list[float] = field(default_factory=list)
+    first_batch: list[float] = field(default_factory=list)  # seconds
+    error: str | None = None
+
+    def median(self, name: str) -> float:
+        values = getattr(self, name)
+        return statistics.median(values) if values else float("nan")
+
+
+def default_readers(peers: dict[str, str], cores: int) -> list[Reader]:
+    """stoker.Loader (224 and 160 px), the decode-only limit, DataLoader over loose files (0..cores
+    workers) and over ShardDataset (1..cores), and each peer in ``peers`` (name -> its Python)."""
+    readers = [Reader("stoker", "stoker.Loader", "stoker_loader.py"),
+               Reader("stoker160", "stoker.Loader, 160 px", "stoker_loader.py", size=160),
+               Reader("limit", f"limit: {cores} threads of simplejpeg decode only", "limit.py")]
+    readers += [Reader(f"loose{w}", f"DataLoader, loose files + Pillow, {w} workers", "dataloader.py",
+                       args=("--source", "loose"), workers=w) for w in range(cores + 1)]
+    readers += [Reader(f"shards{w}", f"DataLoader, ShardDataset + Pillow, {w} workers", "dataloader.py",
+                       args=("--source", "shards"), workers=w) for w in range(1, cores + 1)]
+    readers += [Reader(name, f"peer: {name}", f"peer_{name}.py", python=python) for name, python in peers.items()]
+    return readers
+
+
+def run_readers(readers: list[Reader], photos: Path, shards: Path, work: Path, *, batch: int = 256, repeat: int = 3,
+                cold: bool = False, log=print) -> list[Row]:
+    """Prepare every reader once, then run each ``repeat`` times, interleaved (A, B, ..., A, B, ...),
+    so that drift in the machine hits every reader alike."""
+    rows = [Row(r) for r in readers]
+    for row in rows:
+        try:
+            measure(_command(row.reader, "prepare", photos, shards, work, batch))
+        except (CommandFailed, OSError) as e:
+            row.error = f"prepare failed: {e}"
+            log(f"{row.reader.name}: {row.error}")
+    for round_ in range(repeat):
+        for row in rows:
+            if row.error:
+                continue
+            if cold:
+                evict(_files([photos, shards, _work(work, row.reader)]))
+            try:
+                result = measure(_command(row.reader, "run", photos, shards, work, batch))
+            except (CommandFailed, OSError) as e:
+                row.error = f"run failed: {e}"
+                log(f"{row.reader.name}: {row.error}")
+                continue
+            first, warm = result.reports[0], result.reports[-1]
+            images = sum(r["images"] for r in result.reports)
+            row.first_epoch.append(first["images"] / first["seconds"])
+            row.warm_epoch.append(warm["images"] / warm["seconds"])
+            row.cpu_per_1000.append(result.cpu_seconds / images * 1000)
+            row.peak_pss_mb.append(result.peak_pss_bytes / 1e6)
+            row.first_batch.append(first["first_batch_s"])
+            log(f"round {round_ + 1}/{repeat} {row.reader.name}: first epoch {row.first_epoch[-1]:.0f} img/s, "
+                f"warm {row.warm_epoch[-1]:.0f} img/s")
+    return rows
+
+
+def refuse_if_busy(force: bool) -> None:
+    """Stop unless the machine is idle: other processes' load makes every figure noise."""
+    busy = busy_cores()
+    if busy > MAX_BUSY_CORES and not force:
+        raise SystemExit(f"stoker bench: other processes keep {busy:.2f} cores busy (more than {MAX_BUSY_CORES}); "
+                         "refusing to report noise. Stop them, or pass --force to run anyway.")
+
+
+def report(rows: list[Row], cores: int) -> str:
+    """The table and the ratios the targets are stated in."""
+    lines = [f"{'reader':52} {'1st epoch':>9} {'warm':>7} {'CPU s/1k':>8} {'PSS MB':>7} {'1st batch':>9}",
+             f"{'':52} {'img/s':>9} {'img/s':>7} {'img':>8} {'peak':>7} {'s':>9}"]
+    for row in rows:
+        if row.error:
+            lines.append(f"{row.reader.name:52} not measured: {row.error.splitlines()[-1][:200]}")
+            continue
+        lines.append(f"{row.reader.name:52} {row.median('first_epoch'):9.0f} {row.median('warm_epoch'):7.0f} "
+                     f"{row.median('cpu_per_1000'):8.2f} {row.median('peak_pss_mb'):7.0f} {row.median('first_batch'):9.2f}")
+    measured = {row.reader.name: row for row in rows if not row.error}
+    stoker, small = measured.get("stoker.Loader"), measured.get("stoker.Loader, 160 px")
+    limit = next((r for n, r in measured.items() if n.startswith("limit")), None)
+    loose = [r for n, r in measured.items() if n.startswith("DataLoader, loose")]
+    if stoker is None:
+        return "\n".join(lines)
+    ours = stoker.median("warm_epoch")
+    if loose:
+        best = max(loose, key=lambda r: r.median("warm_epoch"))
+        lines.append(f"stoker.Loader / best DataLoader over loose files ({best.reader.workers} workers): "
+                     f"{ours / best.median('warm_epoch'):.2f}x (target >= 1.8x); peak PSS "
+                     f"{stoker.median('peak_pss_mb') / best.median('peak_pss_mb'):.0%} of it (target <= 50%)")
+    for name, row in measured.items():
+        if name.startswith("peer: "):
+            peer = max(row.median("warm_epoch"), row.median("first_epoch"))
+            lines.append(f"stoker.Loader / {name.removeprefix('peer: ')}: {ours / peer:.2f}x (target >= 1.5x)")
+    if limit is not None:
+        lines.append(f"stoker.Loader / limit: {ours / limit.median('warm_epoch'):.0%} (target >= 85%)")
+        if small is not None:
+            lines.append(f"stoker.Loader 160 px / limit: {small.median('warm_epoch') / limit.median('warm_epoch'):.2f}x "
+                         "(target >= 1.3x)")
+    lines.append(f"stoker.Loader time to first batch, fresh process: {stoker.median('first_batch'):.2f} s (target < 0.5 s)")
+    return "\n".join(lines)
+
+
+def _command(reader: Reader, action: str, photos: Path, shards: Path, work: Path, batch: int) -> list[str]:
+    return [reader.python, str(READERS / reader.script), action, *reader.args, "--photos", str(photos),
+            "--shards", str(shards), "--work", str(_work(work, reader)), "--batch", str(batch),
+            "--size", str(reader.size), "--workers", str(reader.workers)]
+
+
+def _work(work: Path, reader: Reader) -> Path:
+    return work / Path(reader.script).stem
+
+
+def _files(roots: Iterable[Path]) -> list[Path]:
+    return [p for root in roots if root.exists() for p in root.rglob("*") if p.is_file()]
+
+
+def prepare_data(data: Path, count: int, images: Path | None = None, progress: bool = True) -> tuple[Path, Path]:
+    """(photos, shards): ``images`` (a user's ImageFolder of JPEGs) or ``count`` generated sample
+    photos under ``data``, and their packed shards; made once and reused."""
+    from stoker.pack import pack
+    from stoker.sample_data import make_sample_photos
+
+    photos = images if images is not None else make_sample_photos(data / "photos", count=count, num_classes=100,
+                                                                  progress=progress)
+    shards = data / "shards"
+    pack(photos, shards, progress=progress)
+    return Path(photos), shards
+
+
+def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, peers: dict[str, str] | None = None,
+                 only: str = "", repeat: int = 3, batch: int = 256, cold: bool = False, force: bool = False) -> str:
+    """The whole ``stoker bench loader`` run: check the machine is idle, prepare, measure, report."""
+    refuse_if_busy(force)
+    photos, shards = prepare_data(data, count, images)
+    cores = os.cpu_count() or 1
+    readers = [r for r in default_readers(peers or {}, cores) if not only or r.key in only.split(",")]
+    rows = run_readers(readers, photos, shards, data / "readers", batch=batch, repeat=repeat, cold=cold,
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
+    load = os.getloadavg()
+    head = (f"stoker bench loader: {len(readers)} readers, {cores} cores, batch {batch}, medians of {repeat}, "
+            f"{'cold' if cold else 'warm'} page cache; load average after {load[0]:.2f}")
+    return head + "\n" + report(rows, cores)

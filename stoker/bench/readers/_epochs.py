@@ -1,0 +1,68 @@
+"""What every reader script of ``stoker bench loader`` shares: its arguments and how it reports.
+
+A reader script is run twice by the harness, each time in a fresh process, with its own Python
+(a peer may live in a virtual environment of its own, so this file imports nothing but the
+standard library):
+
+    python READER.py prepare --photos P --shards S --work W     convert P into the reader's own
+                                                                format under W (once; not timed)
+    python READER.py run --photos P --shards S --work W ...     read ``--epochs`` epochs and print
+                                                                one JSON line per epoch
+
+Every reader makes the same output: ``--size`` x ``--size`` uint8 RGB images (RandomResizedCrop
+with torchvision's defaults + horizontal flip) and int64 labels, in batches of ``--batch``, with
+``--workers`` worker threads or processes, in random (or the reader's documented quasi-random)
+order. ``--photos`` is an ImageFolder tree of JPEGs; ``--shards`` is the same photos packed by
+``stoker pack``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """The arguments every reader script takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("action", choices=["prepare", "run"])
+    parser.add_argument("--photos", type=Path, required=True, help="ImageFolder tree of JPEGs")
+    parser.add_argument("--shards", type=Path, required=True, help="the same photos packed by stoker pack")
+    parser.add_argument("--work", type=Path, required=True, help="folder for this reader's own format")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--epochs", type=int, default=2)
+    return parser.parse_args()
+
+
+def report_epochs(make_epoch: Callable[[int], Iterable[Any]], epochs: int,
+                  count: Callable[[Any], int] = lambda batch: len(batch[1])) -> None:
+    """Iterate ``make_epoch(e)`` for each epoch and print ``{"epoch", "images", "seconds",
+    "first_batch_s"}`` as one JSON line. ``first_batch_s`` counts from the call of ``make_epoch``
+    (building the loader included) to the first batch; ``count`` says how many images a batch holds."""
+    for epoch in range(epochs):
+        start = time.perf_counter()
+        first, images = None, 0
+        for batch in make_epoch(epoch):
+            if first is None:
+                first = time.perf_counter() - start
+            images += count(batch)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"epoch": epoch, "images": images, "seconds": seconds, "first_batch_s": first}), flush=True)
+
+
+def image_folder(photos: Path) -> tuple[list[Path], list[int]]:
+    """(paths, labels) of an ImageFolder tree of JPEGs: classes are the sorted folder names."""
+    classes = sorted(p.name for p in photos.iterdir() if p.is_dir())
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        for path in sorted((photos / name).iterdir()):
+            paths.append(path)
+            labels.append(label)
+    return paths, labels

@@ -1,0 +1,70 @@
+"""stoker bench: the measuring of a fresh process, and one small real run of the loader benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from stoker.bench.loader import Reader, Row, refuse_if_busy, report
+from stoker.bench.measure import CommandFailed, measure
+from stoker.cli import main
+
+# A parent that allocates 60 MB and a child that allocates 40 MB, both touched, then reports.
+_TREE = """
+import json, subprocess, sys, time
+parent = bytearray(60 << 20)
+child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(40 << 20); time.sleep(1.0)"])
+sum(range(3_000_000))
+child.wait()
+print(json.dumps({"epoch": 0, "images": 10}))
+"""
+
+
+def test_measure_counts_the_whole_process_tree():
+    result = measure([sys.executable, "-c", _TREE])
+    assert result.reports == [{"epoch": 0, "images": 10}]
+    assert result.peak_pss_bytes > 100e6  # parent and child together
+    assert 0.05 < result.cpu_seconds < result.wall_seconds * 2
+
+
+def test_a_failing_command_reports_its_error():
+    with pytest.raises(CommandFailed, match="ZeroDivisionError"):
+        measure([sys.executable, "-c", "1 / 0"])
+
+
+def test_report_states_the_ratios_the_targets_use():
+    def row(key, name, warm, pss):
+        r = Row(Reader(key, name, "x.py"))
+        r.first_epoch, r.warm_epoch, r.cpu_per_1000, r.peak_pss_mb, r.first_batch = [warm], [warm], [1.0], [pss], [0.3]
+        return r
+
+    text = report([row("stoker", "stoker.Loader", 2000, 200), row("limit", "limit: 2 threads", 2500, 100),
+                   row("loose2", "DataLoader, loose files + Pillow, 2 workers", 1000, 500),
+                   row("ffcv", "peer: ffcv", 1500, 300)], cores=2)
+    assert "2.00x (target >= 1.8x); peak PSS 40% of it" in text
+    assert "stoker.Loader / ffcv: 1.33x" in text
+    assert "stoker.Loader / limit: 80%" in text
+
+
+def test_bench_loader_runs_end_to_end(tmp_path, capsys):
+    status = main(["bench", "loader", "--data", str(tmp_path), "--count", "48", "--batch", "16", "--repeat", "1",
+                   "--only", "stoker,loose0", "--force"])
+    out = capsys.readouterr().out
+    assert status == 0
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    for name in ("stoker.Loader", "DataLoader, loose files + Pillow, 0 workers"):
+        values = lines[name].split()[-5:]
+        assert all(float(v) > 0 for v in values), lines[name]
+    assert "stoker.Loader / best DataLoader over loose files" in out
+
+
+def test_the_benchmark_refuses_to_run_on_a_busy_machine():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with pytest.raises(SystemExit, match="refusing to report noise"):
+            refuse_if_busy(force=False)
+    finally:
+        spinner.kill()
+        spinner.wait()
