@@ -41,20 +41,35 @@ def parse_args(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def report_epochs(make_epoch: Callable[[int], Iterable[Any]], epochs: int,
+def report_epochs(make_epoch: Callable[[int], Iterable[Any]], args: argparse.Namespace,
                   count: Callable[[Any], int] = lambda batch: len(batch[1])) -> None:
-    """Iterate ``make_epoch(e)`` for each epoch and print ``{"epoch", "images", "seconds",
-    "first_batch_s"}`` as one JSON line. ``first_batch_s`` counts from the call of ``make_epoch``
-    (building the loader included) to the first batch; ``count`` says how many images a batch holds."""
-    for epoch in range(epochs):
+    """Iterate ``make_epoch(e)`` for each of ``args.epochs`` and print ``{"epoch", "images",
+    "seconds", "first_batch_s"}`` as one JSON line. ``first_batch_s`` counts from the call of
+    ``make_epoch`` (building the loader included) to the first batch; ``count`` says how many images
+    a batch holds. Each epoch's first ``(images, labels)`` batch is checked against the contract."""
+    for epoch in range(args.epochs):
         start = time.perf_counter()
         first, images = None, 0
         for batch in make_epoch(epoch):
             if first is None:
                 first = time.perf_counter() - start
+                check_batch(batch, args)
             images += count(batch)
         seconds = time.perf_counter() - start
         print(json.dumps({"epoch": epoch, "images": images, "seconds": seconds, "first_batch_s": first}), flush=True)
+
+
+def check_batch(batch: Any, args: argparse.Namespace) -> None:
+    """Fail unless ``batch`` is (uint8 images, int64 labels) of at most ``--batch`` images of
+    ``--size`` x ``--size`` x 3 (NHWC or NCHW). Batches without image tensors are not checked."""
+    images, labels = batch
+    if not hasattr(images, "dtype"):
+        return
+    size, shape = args.size, tuple(images.shape[1:])
+    if str(images.dtype) != "torch.uint8" or shape not in ((size, size, 3), (3, size, size)):
+        raise AssertionError(f"images are {images.dtype} {tuple(images.shape)}, not uint8 (B, {size}, {size}, 3)")
+    if str(labels.dtype) != "torch.int64" or not len(labels) == len(images) <= args.batch:
+        raise AssertionError(f"labels are {labels.dtype} of length {len(labels)} for {len(images)} images")
 
 
 def image_folder(photos: Path) -> tuple[list[Path], list[int]]:

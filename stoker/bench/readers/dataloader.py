@@ -35,7 +35,7 @@ def main() -> None:
     else:
         dataset = stoker.ShardDataset(args.shards, decode="pil", transform=crop)
     _epochs.report_epochs(lambda epoch: DataLoader(dataset, args.batch, shuffle=True, num_workers=args.workers),
-                          args.epochs)
+                          args)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def main() -> None:
             for batch in batches:
                 yield None, list(pool.map(decode, np.array_split(batch, args.workers)))
 
-    _epochs.report_epochs(epoch, args.epochs, count=lambda batch: sum(batch[1]))
+    _epochs.report_epochs(epoch, args, count=lambda batch: sum(batch[1]))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def main() -> None:
                                    crop=stoker.CropSpec(size=(args.size, args.size)))
         return loader
 
-    _epochs.report_epochs(epoch, args.epochs)
+    _epochs.report_epochs(epoch, args)
 
 
 if __name__ == "__main__":
