@@ -6,6 +6,8 @@ comes out the same whether 1 thread, 8 threads or a worker process makes it.
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +24,15 @@ from stoker.loader.decode_crop import decode_into
 _READ_BUFFER_BYTES = 16 << 20
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _unshared_pixels(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialized uint8 tensor in a memory map of its own, unmapped when the tensor is freed.
+    glibc serves allocations under its dynamic mmap threshold (up to 32 MB) from a heap it rarely
+    gives back: measured here, batches of 256 at 160 px (19.7 MB each) took the Loader's peak PSS
+    from 293 to ~480 MB that way."""
+    nbytes = math.prod(shape)
+    return torch.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=torch.uint8, count=nbytes).view(shape)
 
 
 @dataclass
@@ -53,9 +64,8 @@ class BatchMaker:
         """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
         ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
         out_h, out_w = self.crop.size
-        images = torch.empty((len(indices), out_h, out_w, 3), dtype=torch.uint8)
-        if shared:
-            images.share_memory_()
+        shape = (len(indices), out_h, out_w, 3)
+        images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else _unshared_pixels(shape)
         labels = torch.empty(len(indices), dtype=torch.int64)
         draws = draw_batch(self.seed, epoch, number * self.world_size + self.rank, len(indices), self.crop)
         transformed = [None] * len(indices) if self.transform is not None else None
