@@ -22,6 +22,9 @@ class BlockReadahead:
         mean_block_samples = max(1, int(bounds[-1]) // max(1, len(bounds) - 1))
         self.ahead = window * mean_block_samples
         self._next = 0
+        # Per block, its place in the order in which blocks are hinted (blocks never needed: last).
+        self._hint_rank = np.full(max(0, len(bounds) - 1), len(self.blocks), dtype=np.int64)
+        self._hint_rank[self.blocks] = np.arange(len(self.blocks))
 
     def advance(self, position: int) -> None:
         """The caller is about to read ``order[position:]``: hint every block needed before ``position + ahead``."""
@@ -29,3 +32,10 @@ class BlockReadahead:
             block = int(self.blocks[self._next])
             self.shards.readahead(int(self.bounds[block]), int(self.bounds[block + 1]))
             self._next += 1
+
+    def arrival_order(self, indices: np.ndarray) -> np.ndarray:
+        """Positions of ``indices`` sorted by when their bytes arrive from a cold disk: by the order
+        in which their blocks are hinted, then by offset. A thread that decodes samples in this
+        order works on data already read while the disk reads the rest."""
+        blocks = np.searchsorted(self.bounds, indices, side="right") - 1
+        return np.lexsort((indices, self._hint_rank[blocks]))

@@ -199,8 +199,11 @@ class Loader:
         if readahead is not None:
             hints.submit(readahead.advance, number * self.batch_size)
         batch = maker.start(self.epoch, number, share[number * self.batch_size : (number + 1) * self.batch_size])
-        chunks = np.array_split(np.arange(len(batch.indices)), min(self.threads, len(batch.indices)))
-        return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks if len(chunk)]
+        # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
+        # cache all threads decode what has been read while the rest is read; the batch is the same.
+        ordered = readahead.arrival_order(batch.indices) if readahead is not None else np.argsort(batch.indices)
+        chunks = [ordered[t :: self.threads] for t in range(min(self.threads, len(ordered)))]
+        return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks]
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layout == "NCHW" and self.transform is None:
