@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -12,7 +13,8 @@ import pytest
 import stoker
 from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_share
 from stoker.data.readahead import BlockReadahead
-from stoker.storage import evict
+from stoker.storage import evict, willneed
+from stoker.storage.pagecache import _readahead_cap
 
 
 def test_block_bounds_never_cross_shards_or_blocks():
@@ -122,3 +124,22 @@ def test_readahead_brings_the_next_blocks_into_the_page_cache(packed):
         time.sleep(0.05)
     assert resident_bytes(files[shard]) >= (end - start) * 0.9
     assert sum(resident_bytes(f) for i, f in enumerate(files) if i != shard) == 0
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
+def test_willneed_reads_a_range_larger_than_the_kernel_reads_per_call(tmp_path):
+    cap = _readahead_cap(os.stat(tmp_path).st_dev)
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(3 * cap + 12345))
+    evict([path])
+    if resident_bytes(path):
+        pytest.skip("this file system keeps pages that posix_fadvise(DONTNEED) should drop (tmpfs?)")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        willneed(fd, 0, path.stat().st_size)  # one posix_fadvise call would read only the first `cap` bytes
+        deadline = time.monotonic() + 10
+        while resident_bytes(path) < path.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+    assert resident_bytes(path) >= path.stat().st_size

@@ -18,6 +18,7 @@ import numpy as np
 from stoker.data.order import block_bounds
 from stoker.errors import CorruptDataError
 from stoker.format import Manifest, ShardEntry, ShardIndex, file_checksum, member_checksum, read_manifest
+from stoker.storage import willneed
 
 # Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
 # blocks and asks the kernel to read each block whole, so a spinning disk sees large reads.
@@ -88,7 +89,7 @@ class ShardReader:
         start, end = self.index.span(first, last)
         fd = self._acquire()
         try:
-            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+            willneed(fd, start, end - start)
         finally:
             self._release()
 
@@ -141,7 +142,7 @@ class ShardReader:
             if len(self._seen) > _RECENT_BLOCKS:
                 self._seen.popitem(last=False)
         if hinted is False:
-            os.posix_fadvise(fd, block * self.block_bytes, self.block_bytes, os.POSIX_FADV_WILLNEED)
+            willneed(fd, block * self.block_bytes, self.block_bytes)
 
 
 class ShardSet:

@@ -1,5 +1,5 @@
 """Where bytes come from and how fast: page-cache control now; node cache and stager later."""
 
-from stoker.storage.pagecache import evict
+from stoker.storage.pagecache import evict, willneed
 
-__all__ = ["evict"]
+__all__ = ["evict", "willneed"]

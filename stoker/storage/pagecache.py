@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 
 def evict(paths: Iterable[str | os.PathLike]) -> int:
@@ -25,3 +27,32 @@ def evict(paths: Iterable[str | os.PathLike]) -> int:
         finally:
             os.close(fd)
     return evicted
+
+
+def willneed(fd: int, start: int, length: int) -> None:
+    """Ask the kernel to read ``length`` bytes of ``fd`` from ``start`` into the page cache, in the background.
+
+    Linux reads at most max(read_ahead_kb, max_sectors_kb) per ``posix_fadvise(WILLNEED)`` call
+    (128 KB to a few MB on most machines) and silently drops the rest of the range; a read of a
+    dropped page then waits behind everything queued. So the range goes out in pieces of that size.
+    """
+    step = _readahead_cap(os.fstat(fd).st_dev)
+    end = start + length
+    while start < end:
+        os.posix_fadvise(fd, start, min(step, end - start), os.POSIX_FADV_WILLNEED)
+        start += step
+
+
+@functools.lru_cache(maxsize=64)
+def _readahead_cap(device: int) -> int:
+    """Bytes one WILLNEED call reads on ``device``: the larger of its read-ahead and its largest
+    request (``force_page_cache_ra`` in mm/readahead.c); 128 KB, Linux's default, when unknown."""
+    key = f"{os.major(device)}:{os.minor(device)}"
+    sizes = []
+    for path in (f"/sys/class/bdi/{key}/read_ahead_kb", f"/sys/dev/block/{key}/queue/max_sectors_kb",
+                 f"/sys/dev/block/{key}/../queue/max_sectors_kb"):
+        try:
+            sizes.append(int(Path(path).read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=128) * 1024
