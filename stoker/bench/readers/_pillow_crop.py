@@ -5,6 +5,7 @@ Pillow only, so every peer's environment can import it."""
 
 from __future__ import annotations
 
+import io
 import math
 import random
 
@@ -39,3 +40,8 @@ def random_resized_crop(image: Image.Image, size: int) -> np.ndarray:
     if random.random() < 0.5:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.array(out)  # a writable copy, as torchvision's PILToTensor makes
+
+
+def random_resized_crop_of(encoded: bytes, size: int) -> np.ndarray:
+    """:func:`random_resized_crop` of an encoded image (JPEG bytes), decoded with Pillow to RGB."""
+    return random_resized_crop(Image.open(io.BytesIO(encoded)).convert("RGB"), size)

@@ -14,7 +14,6 @@ batch draws from few chunks (here a first batch held about 20 of the 100 classes
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,8 @@ from typing import Any
 
 import _epochs
 import numpy as np
-from _pillow_crop import random_resized_crop
+from _pillow_crop import random_resized_crop_of
 from litdata import StreamingDataLoader, StreamingDataset, optimize
-from PIL import Image
 
 
 class CroppedDataset(StreamingDataset):
@@ -34,8 +32,7 @@ class CroppedDataset(StreamingDataset):
 
     def __getitem__(self, index: Any) -> tuple[np.ndarray, int]:
         sample = super().__getitem__(index)
-        image = Image.open(io.BytesIO(sample["jpeg"])).convert("RGB")
-        return random_resized_crop(image, self.crop_size), int(sample["label"])
+        return random_resized_crop_of(sample["jpeg"], self.crop_size), int(sample["label"])
 
 
 def to_sample(item: tuple[str, int]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import io
 import sys
 import types
 from collections.abc import Iterator
@@ -27,8 +26,7 @@ from typing import Any
 
 import _epochs
 import numpy as np
-from _pillow_crop import random_resized_crop
-from PIL import Image
+from _pillow_crop import random_resized_crop_of
 
 
 def stub_imports() -> None:
@@ -63,8 +61,7 @@ class CroppedDataset(StreamingDataset):
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         sample = super().__getitem__(index)
-        image = Image.open(io.BytesIO(sample["jpeg"])).convert("RGB")
-        return random_resized_crop(image, self.crop_size), int(sample["label"])
+        return random_resized_crop_of(sample["jpeg"], self.crop_size), int(sample["label"])
 
 
 def main() -> None:
