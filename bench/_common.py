@@ -9,8 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from stoker.pack import pack
-from stoker.sample_data import make_sample_photos
+from stoker.bench.loader import prepare_data
 
 
 def header(title: str) -> None:
@@ -38,10 +37,7 @@ def disk_profile() -> str:
 
 def prepared_photos(data: Path, count: int) -> tuple[Path, Path]:
     """Sample photos and their packed shards under ``data``, made once and reused."""
-    photos, shards = data / "photos", data / "shards"
-    make_sample_photos(photos, count=count, num_classes=100, progress=True)
-    pack(photos, shards, progress=True)
-    return photos, shards
+    return prepare_data(data, count)
 
 
 def median_runs(runs: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
