@@ -86,7 +86,10 @@ class Loader:
         self.batch_size = batch_size
         self.crop = crop or CropSpec()
         self.order = order
-        self.threads = threads or os.cpu_count() or 1
+        # One more thread than cores: a thread waiting on the disk then leaves no core idle. Measured
+        # here (2 cores, HDD profile, cold cache) 3 threads gave ~1,320 img/s against ~1,210 for 2;
+        # with a warm cache the two were within noise (2,036 and 1,999).
+        self.threads = threads or (os.cpu_count() or 1) + 1
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
