@@ -18,7 +18,7 @@ def main() -> None:
     if args.action == "prepare":
         return
     dataset = stoker.ShardDataset(args.shards, decode="raw")
-    photos = [bytes(dataset.read_image(i)[0]) for i in range(len(dataset))]
+    photos = [dataset.read_image(i)[0] for i in range(len(dataset))]  # bytes: no reuse buffer given
 
     def decode(chunk: np.ndarray) -> int:
         sizes = (simplejpeg.decode_jpeg_header(photos[i])[:2] for i in chunk)
