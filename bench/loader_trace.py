@@ -21,13 +21,13 @@ from stoker.sample_data import make_sample_photos
 from stoker.storage import evict
 
 
-def sectors_read(device: int) -> int:
-    """Sectors read so far from ``device`` (/proc/diskstats)."""
+def sectors_read(device: int) -> tuple[int, int]:
+    """(reads completed, sectors read) so far from ``device`` (/proc/diskstats)."""
     major, minor = str(os.major(device)), str(os.minor(device))
     for line in Path("/proc/diskstats").read_text().splitlines():
         fields = line.split()
         if fields[0] == major and fields[1] == minor:
-            return int(fields[5])
+            return int(fields[3]), int(fields[5])
     raise SystemExit(f"device {major}:{minor} not in /proc/diskstats")
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     if not args.warm:
         evict(p for p in args.shards.iterdir() if p.is_file())
     device = args.shards.stat().st_dev
-    trace: list[tuple[float, int]] = []
+    trace: list[tuple[float, tuple[int, int]]] = []
     done = threading.Event()
 
     def sample() -> None:
@@ -66,9 +66,11 @@ def main() -> None:
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
-    rates = [(s1 - s0) * 512 / (t1 - t0) / 1e6 for (t0, s0), (t1, s1) in zip(trace, trace[1:])]
+    rates = [(s1 - s0) * 512 / (t1 - t0) / 1e6 for (t0, (_, s0)), (t1, (_, s1)) in zip(trace, trace[1:])]
+    reads, sectors = (last - first for first, last in zip(trace[0][1], trace[-1][1]))
     print(f"{'warm' if args.warm else 'cold'}: {images / seconds:.0f} img/s ({images} images in {seconds:.2f} s, "
-          f"{loader.threads} threads, window {args.window}); {(trace[-1][1] - trace[0][1]) * 512 / 1e6:.0f} MB read")
+          f"{loader.threads} threads, window {args.window}); {sectors * 512 / 1e6:.0f} MB read in {reads} requests "
+          f"of {sectors * 512 / max(1, reads) / 1024:.0f} KB on average")
     print("disk MB/s every 0.1 s:", " ".join(f"{r:.0f}" for r in rates))
     print("batches at (s):", " ".join(f"{t:.2f}" for t in batches))
 

@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
                    "loose0..N, shards1..N and peer names (default: all)")
     p.add_argument("--repeat", type=int, default=3, help="runs per reader; medians are reported (default 3)")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run")
+    p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run, and add a disk row: the shards read sequentially")
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
     p.set_defaults(run=_bench_loader)
     return parser

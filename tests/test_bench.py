@@ -48,16 +48,17 @@ def test_report_states_the_ratios_the_targets_use():
     assert "stoker.Loader / limit: 80%" in text
 
 
-def test_bench_loader_runs_end_to_end(tmp_path, capsys):
+def test_bench_loader_runs_end_to_end_on_a_cold_cache(tmp_path, capsys):
     status = main(["bench", "loader", "--data", str(tmp_path), "--count", "48", "--batch", "16", "--repeat", "1",
-                   "--only", "stoker,loose0", "--force"])
+                   "--only", "stoker,loose0", "--cold", "--force"])
     out = capsys.readouterr().out
     assert status == 0
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
-    for name in ("stoker.Loader", "DataLoader, loose files + Pillow, 0 workers"):
+    for name in ("stoker.Loader", "DataLoader, loose files + Pillow, 0 workers", "disk: shards read sequentially (cat)"):
         values = lines[name].split()[-5:]
         assert all(float(v) > 0 for v in values), lines[name]
     assert "stoker.Loader / best DataLoader over loose files" in out
+    assert "stoker.Loader cold first epoch: " in out
 
 
 def test_the_benchmark_refuses_to_run_on_a_busy_machine():
