@@ -4,6 +4,8 @@
     ShardDataset(DST)    ──>  (image, label) items for torch.utils.data.DataLoader
     QuasiRandomSampler   ──>  a shuffle that reads each block of a shard once, in one piece
     Loader(dataset, B)   ──>  (images, labels) batches decoded and cropped by threads
+    doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
+    watch(loader)        ──>  per-step data wait against step time, inside a training loop
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ __version__ = "0.1.0"
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.sampler import QuasiRandomSampler
+from stoker.doctor import DoctorReport, doctor, watch
 from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
 from stoker.loader import CropSpec, Loader
 from stoker.pack import PackResult, pack
@@ -19,6 +22,7 @@ from stoker.pack import PackResult, pack
 __all__ = [
     "CorruptDataError",
     "CropSpec",
+    "DoctorReport",
     "FormatError",
     "Loader",
     "PackError",
@@ -27,5 +31,7 @@ __all__ = [
     "ShardDataset",
     "StokerError",
     "__version__",
+    "doctor",
     "pack",
+    "watch",
 ]

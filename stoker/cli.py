@@ -1,4 +1,4 @@
-"""The ``stoker`` command: pack, info, verify, cat, sample, bench."""
+"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, bench."""
 
 from __future__ import annotations
 
@@ -121,6 +121,19 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from stoker.doctor import doctor, write_html
+
+    report = doctor(args.path, step_time=args.step_time, batch_size=args.batch_size, workers=args.workers,
+                    size=args.size, quick=args.quick, ssd=args.ssd, progress=not args.json and sys.stderr.isatty())
+    print(report.to_json() if args.json else report.to_text())
+    if args.html:
+        write_html(report, args.html)
+        if not args.json:
+            print(f"HTML report: {args.html}")
+    return 0
+
+
 def _bench_loader(args: argparse.Namespace) -> int:
     from stoker.bench.loader import bench_loader
 
@@ -171,6 +184,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(run=_sample)
 
+    p = commands.add_parser("doctor", help="measure where input time goes and say what to do")
+    p.add_argument("path", help="an image folder, a path list (.csv/.tsv/.txt) or a packed stoker data set")
+    p.add_argument("--step-time", type=float, help="the model's seconds per batch (for the verdict and GPU idle time)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, help="the most DataLoader workers to try (default: every core)")
+    p.add_argument("--size", type=int, default=224, help="training resolution (default 224)")
+    p.add_argument("--ssd", type=Path, help="a local SSD folder: also measure copying onto it")
+    p.add_argument("--quick", action="store_true", help="a smaller sample: under ~15 s")
+    p.add_argument("--json", action="store_true", help="the report as JSON (schema: stoker/doctor/schema.json)")
+    p.add_argument("--html", type=Path, help="also write an HTML report with charts to this file")
+    p.set_defaults(run=_doctor)
+
     bench = commands.add_parser("bench", help="benchmarks to run on your machine").add_subparsers(
         required=True, metavar="BENCHMARK")
     p = bench.add_parser("loader", help="stoker.Loader vs torch DataLoader and peer loaders, same images and output")
@@ -184,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
                    "loose0..N, shards1..N and peer names (default: all)")
     p.add_argument("--repeat", type=int, default=3, help="runs per reader; medians are reported (default 3)")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run, and add a disk row: the shards read sequentially")
+    p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run, "
+                   "and add a disk row: the shards read sequentially")
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
     p.set_defaults(run=_bench_loader)
     return parser

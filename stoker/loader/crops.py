@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 
 CropKind = Literal["random_resized", "center", "resize"]
-_TRIES = 10
+CROP_TRIES = 10
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,16 @@ class CropSpec:
 
 @dataclass(frozen=True)
 class BatchDraws:
-    """The random numbers of one batch: per sample, ``_TRIES`` tries of 4 uniforms, and a flip."""
+    """The random numbers of one batch: per sample, ``CROP_TRIES`` tries of 4 uniforms, and a flip."""
 
-    tries: np.ndarray  # (n, _TRIES, 4): area scale, log aspect, top, left
+    tries: np.ndarray  # (n, CROP_TRIES, 4): area scale, log aspect, top, left
     flips: np.ndarray  # (n,) bool
 
 
 def draw_batch(seed: int, epoch: int, batch: int, n: int, spec: CropSpec) -> BatchDraws:
     """Random numbers for batch ``batch`` of ``epoch``; the same whatever decodes it."""
     rng = np.random.default_rng([seed, epoch, batch])
-    tries = rng.random((n, _TRIES, 4))
+    tries = rng.random((n, CROP_TRIES, 4))
     flips = rng.random(n) < 0.5 if spec.flip else np.zeros(n, dtype=bool)
     return BatchDraws(tries, flips)
 

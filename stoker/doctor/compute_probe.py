@@ -1,0 +1,158 @@
+"""Compute probes: images per second one core decodes, and transforms stage by stage.
+
+Rates are per core: each probe runs on one thread and divides by that thread's CPU time
+(``time.thread_time``), so a busy machine slows them less than wall time would.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+
+@dataclass
+class DecodeReport:
+    """What the sampled images are and how fast one core decodes them."""
+
+    images: int
+    formats: dict[str, int]
+    width: dict[str, float]
+    height: dict[str, float]
+    megapixels: dict[str, float]
+    kilobytes: dict[str, float]
+    pillow_per_core: float
+    jpeg_full_per_core: float | None
+    jpeg_reduced_per_core: float | None
+    reduced_size: int
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"images": self.images, "formats": self.formats, "width": self.width, "height": self.height,
+                "megapixels": self.megapixels, "kilobytes": self.kilobytes,
+                "pillow_per_core": round(self.pillow_per_core, 1),
+                "jpeg_full_per_core": _round(self.jpeg_full_per_core),
+                "jpeg_reduced_per_core": _round(self.jpeg_reduced_per_core), "reduced_size": self.reduced_size,
+                "failures": [{"item": name, "reason": reason} for name, reason in self.failures]}
+
+
+@dataclass
+class StageRate:
+    """One stage of a transform (or of a data set's item) and its images per second on one core."""
+
+    name: str
+    per_core: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "per_core": round(self.per_core, 1)}
+
+
+def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
+                 seconds: float) -> tuple[DecodeReport, list[Image.Image], list[int]]:
+    """Decode ``blobs`` with Pillow (as torchvision's ImageFolder does) and, for JPEGs, with
+    simplejpeg at full and at the smallest DCT scale whose short side still covers ``size``.
+    Returns the report, the decoded RGB Pillow images (for the transform probe) and the positions
+    of the blobs that decoded; one that does not is named in ``failures`` with the reason."""
+    formats: dict[str, int] = {}
+    dims, images, failures, good = [], [], [], []
+    pillow_seconds = 0.0
+    deadline = time.perf_counter() + seconds / 3
+    for k, (blob, name) in enumerate(zip(blobs, names)):
+        start = time.thread_time()
+        try:
+            with Image.open(io.BytesIO(blob)) as image:
+                kind = image.format or "unknown"
+                rgb = image.convert("RGB")
+        except Exception as e:  # Pillow raises many types for bad data
+            failures.append((name, f"{type(e).__name__}: {e}"))
+            continue
+        pillow_seconds += time.thread_time() - start
+        formats[kind] = formats.get(kind, 0) + 1
+        dims.append((rgb.width, rgb.height, len(blob)))
+        images.append(rgb)
+        good.append(k)
+        if time.perf_counter() > deadline:
+            break
+    jpegs = [blobs[k] for k in good if blobs[k][:2] == b"\xff\xd8"]
+    full = _rate(jpegs, lambda b: simplejpeg.decode_jpeg(b, fastdct=True, fastupsample=True), seconds / 3)
+    reduced = _rate(jpegs, lambda b: simplejpeg.decode_jpeg(b, fastdct=True, fastupsample=True,
+                                                            min_height=size, min_width=size), seconds / 3)
+    array = np.array(dims, dtype=np.float64).reshape(-1, 3)
+    report = DecodeReport(len(images), formats, _spread(array[:, 0]), _spread(array[:, 1]),
+                          _spread(array[:, 0] * array[:, 1] / 1e6), _spread(array[:, 2] / 1e3),
+                          len(images) / pillow_seconds if pillow_seconds else 0.0, full, reduced, size, failures)
+    return report, images, good
+
+
+def transform_stages(transform: Any) -> list[tuple[str, Callable]]:
+    """A transform's stages: the ``transforms`` of a torchvision Compose (or of stoker's standard
+    transform), the items of a list, or the transform itself as one stage."""
+    parts = getattr(transform, "transforms", transform)
+    if not isinstance(parts, (list, tuple)):
+        parts = [transform]
+    return [(_stage_name(part), part) for part in parts]
+
+
+def probe_stages(stages: Sequence[tuple[str, Callable]], inputs: Sequence[Any], seconds: float) -> list[StageRate]:
+    """Run every input through ``stages`` in turn, timing each stage separately on this thread."""
+    spent = np.zeros(len(stages))
+    done = 0
+    deadline = time.perf_counter() + seconds
+    for item in inputs:
+        for k, (_, stage) in enumerate(stages):
+            start = time.thread_time()
+            item = stage(item)
+            spent[k] += time.thread_time() - start
+        done += 1
+        if time.perf_counter() > deadline:
+            break
+    return [StageRate(name, done / s if s > 0 else float("inf")) for (name, _), s in zip(stages, spent)]
+
+
+def combined_rate(rates: Sequence[float]) -> float:
+    """Images/s of stages run one after another on the same core: 1 / (sum of the 1/rate)."""
+    cost = sum(1 / r for r in rates if r > 0 and np.isfinite(r))
+    return 1 / cost if cost else float("inf")
+
+
+def _rate(blobs: Sequence[bytes], decode: Callable[[bytes], Any], seconds: float) -> float | None:
+    if not blobs:
+        return None
+    deadline = time.perf_counter() + seconds
+    done, spent = 0, 0.0
+    for blob in blobs:
+        start = time.thread_time()
+        try:
+            decode(blob)
+        except ValueError:  # Pillow decoded it but libjpeg-turbo's stricter checks did not: not counted
+            continue
+        finally:
+            spent += time.thread_time() - start
+        done += 1
+        if time.perf_counter() > deadline:
+            break
+    return done / spent if spent else None
+
+
+def _spread(values: np.ndarray) -> dict[str, float]:
+    if not len(values):
+        return {"p10": 0.0, "p50": 0.0, "p90": 0.0}
+    p10, p50, p90 = np.percentile(values, [10, 50, 90])
+    return {"p10": round(float(p10), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3)}
+
+
+def _stage_name(stage: Any) -> str:
+    text = repr(stage)
+    if len(text) > 60 or text.startswith("<"):
+        text = getattr(stage, "__name__", type(stage).__name__)
+    return text
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -1,0 +1,129 @@
+"""Loader probes: end-to-end images/s of a torch DataLoader at each worker count and, on packed
+data, of stoker.Loader, over the doctor's sample with a warm page cache (storage is measured
+apart, so these rows show what the CPU side of each loader delivers)."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+from PIL import Image
+from torch.utils.data import default_collate
+
+from stoker.data.dataset import ShardDataset
+from stoker.doctor.target import Target
+from stoker.loader import CropSpec, Loader
+
+
+@dataclass
+class LoaderRow:
+    """One loader configuration and what it delivered after its first batch."""
+
+    name: str
+    workers: int
+    images_per_s: float
+    first_batch_s: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "workers": self.workers, "images_per_s": round(self.images_per_s, 1),
+                "first_batch_s": round(self.first_batch_s, 3)}
+
+
+class SampledFiles(torch.utils.data.Dataset):
+    """The sampled loose files as torchvision's ImageFolder reads them: open, Pillow, RGB, transform."""
+
+    def __init__(self, paths: list[str], transform: Callable | None) -> None:
+        self.paths = np.array(paths)  # one numpy array, not a list of str: no copy-on-write growth in workers
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        with open(str(self.paths[i]), "rb") as f:
+            image = Image.open(io.BytesIO(f.read())).convert("RGB")
+        return (self.transform(image) if self.transform is not None else image), 0
+
+
+def collate_or_list(batch: list) -> Any:
+    """torch's default collation, or ``(items, labels)`` lists when the items differ in shape (a
+    transform without a crop), so the doctor can time any transform a user gives it."""
+    try:
+        return default_collate(batch)
+    except RuntimeError:
+        return [item for item, _ in batch], [label for _, label in batch]
+
+
+def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: Iterable[int],
+                  size: int, seconds_each: float) -> list[LoaderRow]:
+    """A DataLoader row per worker count, then a stoker.Loader row where the data is packed."""
+    if target.loose:
+        dataset: torch.utils.data.Dataset = SampledFiles(target.paths, transform)
+    elif target.kind == "packed":
+        dataset = torch.utils.data.Subset(ShardDataset(target.description, decode="pil", transform=transform),
+                                          target.indices.tolist())
+    else:
+        dataset = torch.utils.data.Subset(target.dataset, target.indices.tolist())
+    rows = []
+    for count in workers:
+        # One long epoch drawn with replacement: a small sample passed epoch by epoch would drain the
+        # workers' pipeline at every epoch end and understate the DataLoader.
+        sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=batch_size * 10_000)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=count, sampler=sampler,
+                                             collate_fn=collate_or_list)
+        rows.append(_timed(f"DataLoader, {count} workers", count, loader, 1 << 30, seconds_each))
+        del loader  # its workers exit before the next row starts
+    if target.kind == "packed":
+        rows.append(_stoker_row(target, batch_size, size, seconds_each))
+    return rows
+
+
+def _stoker_row(target: Target, batch_size: int, size: int, seconds: float) -> LoaderRow:
+    """stoker.Loader over the first samples in order, read once beforehand so the cache is warm like the others'."""
+    dataset = ShardDataset(target.description)
+    count = min(len(dataset), max(4 * batch_size, 2048))
+    deadline = time.perf_counter() + seconds
+    for i in range(count):
+        dataset.read_image(i)
+        if time.perf_counter() > deadline:
+            count = max(batch_size, i)
+            break
+    loader = Loader(dataset, batch_size, crop=CropSpec(size=(size, size)), order="sequential")
+    return _timed(f"stoker.Loader, {loader.threads} threads", loader.threads, loader, count, seconds)
+
+
+def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float) -> LoaderRow:
+    """Images/s after the first batch (worker start-up is reported apart, as the first batch's
+    time), over at least ``seconds`` and at least four batches per worker (workers deliver in
+    bursts, so fewer would make the rate depend on where a burst is cut), at most ``4 * seconds``
+    or ``limit`` images; passes repeat while the budget lasts."""
+    start = time.perf_counter()
+    first_at, first_count, images, batches = None, 0, 0, 0
+    wanted = 4 * max(1, workers)
+
+    def enough(now: float) -> bool:
+        spent = now - first_at
+        return images >= limit or spent > 4 * seconds or (spent > seconds and batches >= wanted)
+
+    while first_at is None or not enough(time.perf_counter()):
+        passed = images
+        for batch in loader:
+            images += len(batch[1])
+            now = time.perf_counter()
+            if first_at is None:
+                first_at, first_count = now, images
+                continue
+            batches += 1
+            if enough(now):
+                break
+        if images == passed:
+            raise RuntimeError(f"{name}: the loader yielded no batch")
+    end = time.perf_counter()
+    steady = images - first_count
+    rate = steady / (end - first_at) if steady and end > first_at else images / (end - start)
+    return LoaderRow(name, workers, rate, first_at - start)

@@ -1,0 +1,113 @@
+"""The doctor's report: every measurement and the verdict, as a dict (``--json``, validated by
+``schema.json``) and as readable text for the terminal."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stoker.doctor.compute_probe import DecodeReport, StageRate
+from stoker.doctor.loader_probe import LoaderRow
+from stoker.doctor.storage_probe import StorageReport
+from stoker.doctor.verdict import Verdict, gpu_idle
+
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class DoctorReport:
+    """What :func:`stoker.doctor` measured and concluded. ``storage`` and ``decode`` are ``None``
+    for a user's Dataset object, whose stored bytes the doctor cannot see."""
+
+    target: dict
+    settings: dict
+    storage: StorageReport | None
+    decode: DecodeReport | None
+    stages: list[StageRate]
+    loaders: list[LoaderRow]
+    verdict: Verdict
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> str:
+        return self.verdict.bottleneck
+
+    def to_dict(self) -> dict:
+        step, batch = self.settings.get("step_time"), self.settings["batch_size"]
+        return {"schema_version": SCHEMA_VERSION, "target": self.target, "settings": self.settings,
+                "storage": self.storage.to_dict() if self.storage else None,
+                "decode": self.decode.to_dict() if self.decode else None,
+                "transform": [s.to_dict() for s in self.stages],
+                "loaders": [{**row.to_dict(), "gpu_idle_fraction": _idle(row.images_per_s, batch, step)}
+                            for row in self.loaders],
+                "verdict": self.verdict.to_dict(), "seconds": round(self.seconds, 2), "notes": self.notes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        """The terminal report: what was examined, each probe's table, the verdict and remedies."""
+        t, v = self.target, self.verdict
+        lines = [f"stoker doctor: {t['description']} ({t['kind']}, {t['num_samples']:,}"
+                 f"{' (estimated)' if t['estimated'] else ''} items; {t['sample_size']} sampled) in {self.seconds:.0f} s"]
+        if self.storage:
+            lines += ["", "Storage", *_storage_lines(self.storage)]
+        if self.decode:
+            d = self.decode
+            lines += ["", f"Decode (one core; {d.images} images: "
+                          f"{', '.join(f'{k} {n}' for k, n in d.formats.items())}; median {d.width['p50']:.0f}x"
+                          f"{d.height['p50']:.0f} px, {d.megapixels['p50']:.2f} MP, {d.kilobytes['p50']:.0f} KB)",
+                      f"  Pillow, full size (as ImageFolder)   {d.pillow_per_core:8,.0f} img/s per core"]
+            if d.jpeg_full_per_core:
+                lines.append(f"  simplejpeg, full size                {d.jpeg_full_per_core:8,.0f} img/s per core")
+            if d.jpeg_reduced_per_core:
+                lines.append(f"  simplejpeg, reduced DCT scale (>= {d.reduced_size} px) {d.jpeg_reduced_per_core:6,.0f}"
+                             " img/s per core")
+            lines += [f"  could not read {name}: {reason}" for name, reason in d.failures[:5]]
+        if self.stages:
+            lines += ["", "Transform (one core, each stage timed apart)"]
+            lines += [f"  {s.name[:48]:48} {s.per_core:10,.0f} img/s per core" for s in self.stages]
+        if self.loaders:
+            step, batch = self.settings.get("step_time"), self.settings["batch_size"]
+            lines += ["", f"Loaders (warm cache, batch {batch})" + (f", GPU idle at {step * 1000:.0f} ms/step" if step else "")]
+            for row in self.loaders:
+                idle = _idle(row.images_per_s, batch, step)
+                lines.append(f"  {row.name:32} {row.images_per_s:8,.0f} img/s   first batch {row.first_batch_s:5.2f} s"
+                             + (f"   GPU idle {idle:.0%}" if idle is not None else ""))
+        lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
+        lines += [f"  - {reason}" for reason in v.reasons]
+        if v.remedies:
+            lines += ["", "Remedies, best first (predicted img/s)"]
+            for k, r in enumerate(v.remedies, 1):
+                lines += [f"  {k}. {r.name}: {r.predicted_images_per_s:,.0f} img/s", f"     {r.how}", f"     ({r.why})"]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _storage_lines(s: StorageReport) -> list[str]:
+    lines = [f"  {'':26} {'reads/s':>8} {'MB/s':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7} stalls"]
+    for label, stats in (("cold, one at a time", s.cold), ("warm, one at a time", s.warm),
+                         (f"cold, {s.cold_parallel.concurrency if s.cold_parallel else 0} at a time", s.cold_parallel)):
+        if stats is None:
+            continue
+        lat = stats.to_dict()["latency_ms"]
+        lines.append(f"  {label:26} {stats.per_second:8,.0f} {stats.mb_per_second:7.1f} {lat['p50']:7.2f} "
+                     f"{lat['p90']:7.2f} {lat['p99']:7.2f} {lat['max']:7.1f} {len(stats.stalls)}")
+    for name, ms in (s.cold.stalls if s.cold else [])[:5]:
+        lines.append(f"    stall: {ms:.0f} ms reading {name}")
+    for stats in (s.cold, s.cold_parallel):
+        lines += [f"    could not read {name}: {reason}" for name, reason in (stats.failures if stats else [])[:5]]
+    lines.append(f"  eviction {'worked' if s.eviction_worked else 'did NOT work'}; mean item {s.mean_item_bytes / 1e3:.0f} KB")
+    for label, value in (("large sequential reads", s.sequential_mb_per_s), ("copy into RAM (/dev/shm)",
+                         s.copy_to_ram_mb_per_s), ("copy onto the SSD", s.copy_to_ssd_mb_per_s)):
+        if value is not None:
+            lines.append(f"  {label:26} {value:8.1f} MB/s")
+    return lines + [f"  note: {note}" for note in s.notes]
+
+
+def _idle(rate: float, batch: int, step: float | None) -> float | None:
+    idle = gpu_idle(rate, batch, step)
+    return None if idle is None else round(idle, 3)

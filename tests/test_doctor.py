@@ -1,0 +1,186 @@
+"""stoker doctor: verdicts that come from measurement (slow storage, a costly transform, a long step),
+the report's schema, and bad input reported without stopping the examination."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch.utils.data
+from PIL import Image, ImageFilter
+
+from stoker.doctor import doctor, write_html
+from stoker.doctor.report import SCHEMA_PATH
+from stoker.doctor.standard import RandomResizedCrop, ToUint8Tensor
+from stoker.doctor.verdict import Figures, diagnose
+
+BLKIO = Path("/sys/fs/cgroup/blkio")
+
+
+class Blur:
+    """A costly transform stage: a wide Gaussian blur of the whole image (~10x a decode)."""
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        return image.filter(ImageFilter.GaussianBlur(12))
+
+
+class CostlyTransform:
+    """Blur the whole image, then crop: costly per image, small to pass between processes."""
+
+    def __init__(self) -> None:
+        self.transforms = [Blur(), RandomResizedCrop(224), ToUint8Tensor()]
+
+    def __call__(self, image):
+        for stage in self.transforms:
+            image = stage(image)
+        return image
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def validate(report: dict) -> None:
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+
+
+def test_an_expensive_transform_is_named(photos):
+    report = doctor(photos, transform=CostlyTransform(), step_time=0.001, quick=True)
+    assert report.bottleneck == "transform", report.to_text()
+    assert [s.name for s in report.stages][0].startswith("<") is False
+    blur, crop, to_tensor = report.stages
+    assert blur.per_core < crop.per_core and blur.per_core < to_tensor.per_core
+    assert report.verdict.remedies[0].predicted_images_per_s > report.verdict.delivered_images_per_s
+    validate(report.to_dict())
+
+
+def test_a_long_step_time_means_input_is_not_the_bottleneck(photos):
+    report = doctor(photos, step_time=10.0, quick=True)
+    assert report.bottleneck == "none"
+    assert report.verdict.gpu_idle_fraction == 0.0
+    assert report.verdict.remedies == []
+    assert "not the bottleneck" in report.to_text()
+    validate(report.to_dict())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(BLKIO, os.W_OK),
+                    reason="throttling reads needs root and cgroup v1 blkio")
+def test_throttled_storage_is_named(photos, tmp_path):
+    """The doctor runs in a blkio cgroup that allows 30 reads/s: it must find that out by itself."""
+    data = tmp_path / "photos"
+    shutil.copytree(photos, data)
+    device = os.stat(data).st_dev
+    group = BLKIO / f"stoker-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "blkio.throttle.read_iops_device").write_text(f"{os.major(device)}:{os.minor(device)} 30")
+        command = ["bash", "-c", 'echo $$ > "$1"; shift; exec "$@"', "_", str(group / "cgroup.procs"),
+                   sys.executable, "-m", "stoker.cli", "doctor", str(data), "--quick", "--json", "--step-time", "0.01"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        group.rmdir()
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    validate(report)
+    assert report["storage"]["eviction_worked"]
+    assert report["storage"]["cold"]["reads_per_s"] < 60
+    assert report["verdict"]["bottleneck"] == "storage", report["verdict"]
+    assert report["verdict"]["remedies"][0]["how"].startswith("stoker pack ")
+
+
+def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
+    before = snapshot(packed)
+    report = doctor(packed, step_time=0.05, quick=True)
+    assert snapshot(packed) == before  # nothing written into the data folder
+    assert report.target["kind"] == "packed"
+    assert report.storage.sequential_mb_per_s > 0
+    assert report.storage.eviction_worked
+    assert any(row.name.startswith("stoker.Loader") and row.images_per_s > 0 for row in report.loaders)
+    validate(report.to_dict())
+
+
+def test_a_user_dataset_is_timed_per_item():
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 200
+
+        def __getitem__(self, i):
+            return torch.full((3, 8, 8), i % 256, dtype=torch.uint8), i % 3
+
+    report = doctor(Squares(), step_time=1.0, quick=True, workers=0)
+    assert report.storage is None and report.decode is None
+    assert [s.name for s in report.stages] == ["__getitem__"]
+    assert report.bottleneck == "none"
+    validate(report.to_dict())
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_eviction_that_does_not_work_is_reported(photos):
+    data = Path(shutil.copytree(photos, Path("/dev/shm") / f"stoker-test-{os.getpid()}"))
+    try:
+        report = doctor(data, quick=True, workers=0)
+    finally:
+        shutil.rmtree(data)
+    assert not report.storage.eviction_worked
+    assert any("cold figures are warm" in note for note in report.storage.notes)
+
+
+def test_bad_files_are_named_and_the_rest_examined(photos, tmp_path):
+    data = Path(shutil.copytree(photos, tmp_path / "photos"))
+    victim = sorted(data.rglob("*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[:300])
+    (victim.parent / "gone.jpg").symlink_to(tmp_path / "missing.jpg")
+    report = doctor(data, quick=True, workers=0)
+    failures = dict(report.decode.failures)
+    assert str(victim) in failures
+    unreadable = [name for stats in (report.storage.cold, report.storage.cold_parallel) for name, _ in stats.failures]
+    assert str(victim.parent / "gone.jpg") in unreadable
+    assert report.loaders[0].images_per_s > 0
+
+
+def test_cli_json_and_html(photos, tmp_path):
+    page = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "stoker.cli", "doctor", str(photos), "--quick", "--json",
+                          "--step-time", "0.02", "--html", str(page)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    validate(json.loads(out.stdout))
+    html = page.read_text()
+    assert html.count("<svg") == 2 and "Cold read latency" in html
+
+
+def test_html_of_a_report_object(photos, tmp_path):
+    report = doctor(photos, step_time=0.02, quick=True, workers=0)
+    write_html(report, tmp_path / "r.html")
+    assert "GPU consumes" in (tmp_path / "r.html").read_text()
+
+
+def figures(**changes) -> Figures:
+    base = dict(source="/data/train", loose=True, cores=8, batch_size=256, size=224, step_time=0.1, storage_rate=150.0,
+                sequential_rate=2000.0, mean_item_bytes=110e3, decode_per_core=600.0, jpeg_full_per_core=1200.0,
+                transform_per_core=900.0, loader_rate=2500.0, loader_workers=8, stoker_loader_rate=None,
+                megapixels=0.19, dataset_bytes=140e9, available_ram_bytes=64e9)
+    return Figures(**{**base, **changes})
+
+
+def test_verdict_rules_on_given_figures():
+    storage = diagnose(figures())
+    assert storage.bottleneck == "storage"
+    assert storage.remedies[0].name == "pack into shards"
+    assert storage.remedies[0].how.startswith("stoker pack /data/train ")
+    assert storage.remedies[-1].name.startswith("data echoing")
+    assert all("RAM" not in r.name for r in storage.remedies)  # 140 GB does not fit in 64 GB
+    fits = diagnose(figures(dataset_bytes=10e9))
+    assert any("RAM" in r.name for r in fits.remedies)
+    decode = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, megapixels=2.0, step_time=0.05))
+    assert decode.bottleneck == "decode"
+    assert any(r.name.startswith("cap the resolution") for r in decode.remedies)
+    overhead = diagnose(figures(storage_rate=1e5, loader_rate=500.0, step_time=0.05))  # 17% of 2,880
+    assert overhead.bottleneck == "loader overhead"
+    none = diagnose(figures(storage_rate=1e5, step_time=1.0))
+    assert none.bottleneck == "none" and none.remedies == []
