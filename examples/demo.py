@@ -1,5 +1,6 @@
-"""``make demo``: generate sample photos, pack them, read them back through a DataLoader with 2 workers,
-and compare loose files with shards (cold page cache for both)."""
+"""``make demo``: generate sample photos, ask ``stoker doctor`` where input time goes, pack them, read
+them back through a DataLoader with 2 workers, and compare loose files with shards (cold page cache
+for both)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def main() -> None:
     make_sample_photos(photos, count=args.count, num_classes=10, progress=True)
     sizes = [p.stat().st_size for p in photos.rglob("*.jpg")]
     print(f"   mean {sum(sizes) / len(sizes) / 1e3:.0f} KB, {sum(sizes) / 1e6:.0f} MB in all")
+
+    print(f"   stoker doctor {photos} --quick --step-time 0.05 --batch-size 64:")
+    report = stoker.doctor(photos, step_time=0.05, batch_size=64, quick=True)
+    print("   " + report.to_text().replace("\n", "\n   "))
 
     print(f"2. stoker pack {photos} {shards} --shard-size 32MB")
     result = stoker.pack(photos, shards, shard_bytes=32 << 20)
