@@ -15,6 +15,7 @@ import pytest
 import torch.utils.data
 from PIL import Image, ImageFilter
 
+import stoker
 from stoker.doctor import doctor, write_html
 from stoker.doctor.report import SCHEMA_PATH
 from stoker.doctor.standard import RandomResizedCrop, ToUint8Tensor
@@ -53,7 +54,7 @@ def validate(report: dict) -> None:
 def test_an_expensive_transform_is_named(photos):
     report = doctor(photos, transform=CostlyTransform(), step_time=0.001, quick=True)
     assert report.bottleneck == "transform", report.to_text()
-    assert [s.name for s in report.stages][0].startswith("<") is False
+    assert not report.stages[0].name.startswith("<")
     blur, crop, to_tensor = report.stages
     assert blur.per_core < crop.per_core and blur.per_core < to_tensor.per_core
     assert report.verdict.remedies[0].predicted_images_per_s > report.verdict.delivered_images_per_s
@@ -62,6 +63,7 @@ def test_an_expensive_transform_is_named(photos):
 
 def test_a_long_step_time_means_input_is_not_the_bottleneck(photos):
     report = doctor(photos, step_time=10.0, quick=True)
+    assert report.seconds < 15  # the --quick budget
     assert report.bottleneck == "none"
     assert report.verdict.gpu_idle_fraction == 0.0
     assert report.verdict.remedies == []
@@ -118,6 +120,9 @@ def test_a_user_dataset_is_timed_per_item():
     assert [s.name for s in report.stages] == ["__getitem__"]
     assert report.bottleneck == "none"
     validate(report.to_dict())
+    starved = doctor(Squares(), step_time=1e-5, quick=True, workers=0)
+    assert "inf" not in starved.to_text()
+    json.loads(starved.to_json(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
@@ -132,7 +137,10 @@ def test_eviction_that_does_not_work_is_reported(photos):
 
 
 def test_bad_files_are_named_and_the_rest_examined(photos, tmp_path):
-    data = Path(shutil.copytree(photos, tmp_path / "photos"))
+    data = tmp_path / "photos"
+    for path in sorted(photos.rglob("*.jpg"))[:40]:  # fewer than --quick decodes, so every file is examined
+        (data / path.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, data / path.parent.name / path.name)
     victim = sorted(data.rglob("*.jpg"))[0]
     victim.write_bytes(victim.read_bytes()[:300])
     (victim.parent / "gone.jpg").symlink_to(tmp_path / "missing.jpg")
@@ -162,8 +170,8 @@ def test_html_of_a_report_object(photos, tmp_path):
 
 def figures(**changes) -> Figures:
     base = dict(source="/data/train", loose=True, cores=8, batch_size=256, size=224, step_time=0.1, storage_rate=150.0,
-                sequential_rate=2000.0, mean_item_bytes=110e3, decode_per_core=600.0, jpeg_full_per_core=1200.0,
-                transform_per_core=900.0, loader_rate=2500.0, loader_workers=8, stoker_loader_rate=None,
+                storage_concurrency=8, sequential_rate=2000.0, decode_per_core=600.0, jpeg_full_per_core=1200.0,
+                jpeg_share=1.0, transform_per_core=900.0, loader_rate=2500.0, loader_workers=8, stoker_loader_rate=None,
                 megapixels=0.19, dataset_bytes=140e9, available_ram_bytes=64e9)
     return Figures(**{**base, **changes})
 
@@ -172,7 +180,8 @@ def test_verdict_rules_on_given_figures():
     storage = diagnose(figures())
     assert storage.bottleneck == "storage"
     assert storage.remedies[0].name == "pack into shards"
-    assert storage.remedies[0].how.startswith("stoker pack /data/train ")
+    assert storage.remedies[0].how.startswith("stoker pack /data/train /data/train-shards")
+    assert "8 at a time" in storage.reasons[0]
     assert storage.remedies[-1].name.startswith("data echoing")
     assert all("RAM" not in r.name for r in storage.remedies)  # 140 GB does not fit in 64 GB
     fits = diagnose(figures(dataset_bytes=10e9))
@@ -184,3 +193,57 @@ def test_verdict_rules_on_given_figures():
     assert overhead.bottleneck == "loader overhead"
     none = diagnose(figures(storage_rate=1e5, step_time=1.0))
     assert none.bottleneck == "none" and none.remedies == []
+    single = diagnose(figures(storage_rate=1e5, loader_rate=700.0, loader_workers=0, step_time=0.05))
+    assert any(r.name.startswith("more DataLoader workers") for r in single.remedies)
+    png = diagnose(figures(storage_rate=1e5, loader_rate=2800.0, jpeg_share=0.0, step_time=0.05))
+    assert not any("GPU" in r.name for r in png.remedies)  # GPU JPEG decoders cannot take PNGs
+    quoted = diagnose(figures(source="/data/my train"))
+    assert "'/data/my train'" in quoted.remedies[0].how
+
+
+def test_inputs_it_cannot_examine_get_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "texts" / "a").mkdir(parents=True)
+    (tmp_path / "texts" / "a" / "notes.txt").write_text("not an image")
+    (tmp_path / "one.jpg").write_bytes(b"\xff\xd8 not a list")
+    cases = {"empty": "no image files", "texts": "no image files", "missing": "no such folder",
+             "one.jpg": "not a folder, a path list"}
+    for name, message in cases.items():
+        out = subprocess.run([sys.executable, "-m", "stoker.cli", "doctor", str(tmp_path / name), "--quick"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr, (name, out.stderr)
+    with pytest.raises(stoker.StokerError, match="workers"):
+        doctor(tmp_path, workers=-1)
+
+
+def test_small_and_odd_data_sets(photos, odd_images, tmp_path):
+    one = tmp_path / "one" / "a"
+    one.mkdir(parents=True)
+    shutil.copy(sorted(photos.rglob("*.jpg"))[0], one / "x.jpg")
+    report = doctor(one.parent, quick=True, step_time=0.01)
+    assert report.target["num_samples"] == 1 and report.loaders[0].images_per_s > 0
+    validate(report.to_dict())
+    pngs = doctor(odd_images, quick=True, workers=1, step_time=0.001)  # PNG, BMP, WEBP, gray, CMYK...
+    assert "PNG" in pngs.decode.formats and pngs.decode.failures == []
+    assert not any("GPU" in r.name for r in pngs.verdict.remedies)
+
+
+def test_a_path_list_with_missing_files(photos, tmp_path):
+    files = sorted(photos.rglob("*.jpg"))[:20]
+    listing = tmp_path / "list.csv"
+    listing.write_text("".join(f"{p},0\n" for p in files) + f"{tmp_path / 'gone.jpg'},1\n")
+    report = doctor(listing, quick=True, workers=0)
+    unreadable = [name for s in (report.storage.cold, report.storage.cold_parallel) if s for name, _ in s.failures]
+    assert unreadable == [str(tmp_path / "gone.jpg")]
+    assert report.storage.copy_to_ram_mb_per_s is not None
+
+
+def test_a_damaged_packed_sample_is_reported(packed, tmp_path):
+    damaged = Path(shutil.copytree(packed, tmp_path / "ds"))
+    shard = sorted(damaged.glob("*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    data[1024] ^= 0xFF  # inside the first sample's image member
+    shard.write_bytes(bytes(data))
+    report = doctor(damaged, quick=True, workers=0)
+    failures = [reason for s in (report.storage.cold, report.storage.cold_parallel) if s for _, reason in s.failures]
+    assert any("checksum" in reason for reason in failures)

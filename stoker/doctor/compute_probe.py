@@ -1,20 +1,26 @@
 """Compute probes: images per second one core decodes, and transforms stage by stage.
 
-Rates are per core: each probe runs on one thread and divides by that thread's CPU time
-(``time.thread_time``), so a busy machine slows them less than wall time would.
+Rates are per core: each probe runs on one thread with torch limited to one thread (as in a
+DataLoader worker) and divides by that thread's CPU time (``time.thread_time``), so a busy
+machine distorts them less than wall time would. The first item of each probe runs untimed:
+the first decode in a fresh process pays one-off start-up costs (measured: 2-3x slower).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import simplejpeg
+import torch
 from PIL import Image
+
+from stoker.doctor.numbers import rounded
 
 
 @dataclass
@@ -33,12 +39,18 @@ class DecodeReport:
     reduced_size: int
     failures: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def jpeg_share(self) -> float:
+        """The share of decodable images that are JPEGs (what GPU JPEG decoders can take)."""
+        return self.formats.get("JPEG", 0) / self.images if self.images else 0.0
+
     def to_dict(self) -> dict:
+        """The report's ``decode`` section."""
         return {"images": self.images, "formats": self.formats, "width": self.width, "height": self.height,
                 "megapixels": self.megapixels, "kilobytes": self.kilobytes,
-                "pillow_per_core": round(self.pillow_per_core, 1),
-                "jpeg_full_per_core": _round(self.jpeg_full_per_core),
-                "jpeg_reduced_per_core": _round(self.jpeg_reduced_per_core), "reduced_size": self.reduced_size,
+                "pillow_per_core": rounded(self.pillow_per_core),
+                "jpeg_full_per_core": rounded(self.jpeg_full_per_core),
+                "jpeg_reduced_per_core": rounded(self.jpeg_reduced_per_core), "reduced_size": self.reduced_size,
                 "failures": [{"item": name, "reason": reason} for name, reason in self.failures]}
 
 
@@ -50,7 +62,19 @@ class StageRate:
     per_core: float
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "per_core": round(self.per_core, 1)}
+        """One entry of the report's ``transform`` list (``per_core`` null: too fast to measure)."""
+        return {"name": self.name, "per_core": rounded(self.per_core)}
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the duration, as in a DataLoader worker; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
@@ -61,6 +85,7 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
     of the blobs that decoded; one that does not is named in ``failures`` with the reason."""
     formats: dict[str, int] = {}
     dims, images, failures, good = [], [], [], []
+    timed = 0
     pillow_seconds = 0.0
     deadline = time.perf_counter() + seconds / 3
     for k, (blob, name) in enumerate(zip(blobs, names)):
@@ -72,7 +97,9 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
         except Exception as e:  # Pillow raises many types for bad data
             failures.append((name, f"{type(e).__name__}: {e}"))
             continue
-        pillow_seconds += time.thread_time() - start
+        if good:  # the first decode pays start-up costs: not timed
+            pillow_seconds += time.thread_time() - start
+            timed += 1
         formats[kind] = formats.get(kind, 0) + 1
         dims.append((rgb.width, rgb.height, len(blob)))
         images.append(rgb)
@@ -84,9 +111,10 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
     reduced = _rate(jpegs, lambda b: simplejpeg.decode_jpeg(b, fastdct=True, fastupsample=True,
                                                             min_height=size, min_width=size), seconds / 3)
     array = np.array(dims, dtype=np.float64).reshape(-1, 3)
+    pillow = timed / pillow_seconds if pillow_seconds else (float("inf") if good else 0.0)
     report = DecodeReport(len(images), formats, _spread(array[:, 0]), _spread(array[:, 1]),
                           _spread(array[:, 0] * array[:, 1] / 1e6), _spread(array[:, 2] / 1e3),
-                          len(images) / pillow_seconds if pillow_seconds else 0.0, full, reduced, size, failures)
+                          pillow, full, reduced, size, failures)
     return report, images, good
 
 
@@ -100,18 +128,21 @@ def transform_stages(transform: Any) -> list[tuple[str, Callable]]:
 
 
 def probe_stages(stages: Sequence[tuple[str, Callable]], inputs: Sequence[Any], seconds: float) -> list[StageRate]:
-    """Run every input through ``stages`` in turn, timing each stage separately on this thread."""
+    """Run every input through ``stages`` in turn, timing each stage separately on this thread
+    (the first input untimed)."""
     spent = np.zeros(len(stages))
     done = 0
     deadline = time.perf_counter() + seconds
-    for item in inputs:
-        for k, (_, stage) in enumerate(stages):
-            start = time.thread_time()
-            item = stage(item)
-            spent[k] += time.thread_time() - start
-        done += 1
-        if time.perf_counter() > deadline:
-            break
+    with one_torch_thread():
+        for n, item in enumerate(inputs):
+            for k, (_, stage) in enumerate(stages):
+                start = time.thread_time()
+                item = stage(item)
+                if n:
+                    spent[k] += time.thread_time() - start
+            done += 1 if n else 0
+            if time.perf_counter() > deadline:
+                break
     return [StageRate(name, done / s if s > 0 else float("inf")) for (name, _), s in zip(stages, spent)]
 
 
@@ -122,11 +153,14 @@ def combined_rate(rates: Sequence[float]) -> float:
 
 
 def _rate(blobs: Sequence[bytes], decode: Callable[[bytes], Any], seconds: float) -> float | None:
-    if not blobs:
+    """Images/s per core of ``decode`` over ``blobs`` (the first untimed), for about ``seconds``."""
+    if len(blobs) < 2:
         return None
     deadline = time.perf_counter() + seconds
     done, spent = 0, 0.0
-    for blob in blobs:
+    with contextlib.suppress(ValueError):
+        decode(blobs[0])
+    for blob in blobs[1:]:
         start = time.thread_time()
         try:
             decode(blob)
@@ -152,7 +186,3 @@ def _stage_name(stage: Any) -> str:
     if len(text) > 60 or text.startswith("<"):
         text = getattr(stage, "__name__", type(stage).__name__)
     return text
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)

@@ -17,6 +17,7 @@ from torch.utils.data import default_collate
 
 from stoker.data.dataset import ShardDataset
 from stoker.doctor.target import Target
+from stoker.errors import StokerError
 from stoker.loader import CropSpec, Loader
 
 
@@ -51,24 +52,37 @@ class SampledFiles(torch.utils.data.Dataset):
 
 
 def collate_or_list(batch: list) -> Any:
-    """torch's default collation, or ``(items, labels)`` lists when the items differ in shape (a
-    transform without a crop), so the doctor can time any transform a user gives it."""
+    """torch's default collation, or ``(items, labels)`` lists when it cannot stack the items
+    (shapes that differ, PIL images), so the doctor can time any transform a user gives it."""
     try:
         return default_collate(batch)
-    except RuntimeError:
+    except (RuntimeError, TypeError):  # tensors of different shapes; PIL images
         return [item for item, _ in batch], [label for _, label in batch]
 
 
-def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: Iterable[int],
-                  size: int, seconds_each: float) -> list[LoaderRow]:
-    """A DataLoader row per worker count, then a stoker.Loader row where the data is packed."""
+def worker_counts(most: int) -> list[int]:
+    """The worker counts tried: 0, 1, 2, 4, ... up to ``most``, and ``most`` itself."""
+    counts, n = [0], 1
+    while n < most:
+        counts.append(n)
+        n *= 2
+    return counts + ([most] if most > 0 else [])
+
+
+def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: list[int], size: int,
+                  seconds: float, decode: str = "pil") -> tuple[list[LoaderRow], list[str]]:
+    """A DataLoader row per worker count, then a stoker.Loader row where the data is packed, and
+    notes on rows that could not be measured; ``seconds`` is shared out among the rows.
+    ``decode`` is the mode a packed data set's items are decoded in before ``transform`` (a
+    ShardDataset's own)."""
     if target.loose:
         dataset: torch.utils.data.Dataset = SampledFiles(target.paths, transform)
     elif target.kind == "packed":
-        dataset = torch.utils.data.Subset(ShardDataset(target.description, decode="pil", transform=transform),
+        dataset = torch.utils.data.Subset(ShardDataset(target.description, decode=decode, transform=transform),
                                           target.indices.tolist())
     else:
         dataset = torch.utils.data.Subset(target.dataset, target.indices.tolist())
+    each = seconds / (len(workers) + (target.kind == "packed"))
     rows = []
     for count in workers:
         # One long epoch drawn with replacement: a small sample passed epoch by epoch would drain the
@@ -76,15 +90,19 @@ def probe_loaders(target: Target, transform: Callable | None, batch_size: int, w
         sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=batch_size * 10_000)
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=count, sampler=sampler,
                                              collate_fn=collate_or_list)
-        rows.append(_timed(f"DataLoader, {count} workers", count, loader, 1 << 30, seconds_each))
-        del loader  # its workers exit before the next row starts
+        rows.append(_timed(f"DataLoader, {count} workers", count, loader, 1 << 30, each))
+    notes = []
     if target.kind == "packed":
-        rows.append(_stoker_row(target, batch_size, size, seconds_each))
-    return rows
+        try:
+            rows.append(_stoker_row(target, batch_size, size, each))
+        except StokerError as e:  # it reads the data set's first samples, not the checked sample
+            notes.append(f"stoker.Loader not measured: {e}")
+    return rows, notes
 
 
 def _stoker_row(target: Target, batch_size: int, size: int, seconds: float) -> LoaderRow:
-    """stoker.Loader over the first samples in order, read once beforehand so the cache is warm like the others'."""
+    """stoker.Loader in sequential order over the data set's first samples, read once beforehand so
+    the cache is warm like the other rows' (on a small data set, whole passes repeat)."""
     dataset = ShardDataset(target.description)
     count = min(len(dataset), max(4 * batch_size, 2048))
     deadline = time.perf_counter() + seconds
@@ -94,7 +112,8 @@ def _stoker_row(target: Target, batch_size: int, size: int, seconds: float) -> L
             count = max(batch_size, i)
             break
     loader = Loader(dataset, batch_size, crop=CropSpec(size=(size, size)), order="sequential")
-    return _timed(f"stoker.Loader, {loader.threads} threads", loader.threads, loader, count, seconds)
+    limit = count if count < len(dataset) else 1 << 30  # beyond ``count`` the cache is cold
+    return _timed(f"stoker.Loader, {loader.threads} threads", loader.threads, loader, limit, seconds)
 
 
 def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float) -> LoaderRow:

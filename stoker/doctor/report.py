@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,8 @@ SCHEMA_VERSION = 1
 @dataclass
 class DoctorReport:
     """What :func:`stoker.doctor` measured and concluded. ``storage`` and ``decode`` are ``None``
-    for a user's Dataset object, whose stored bytes the doctor cannot see."""
+    for a user's Dataset object, whose stored bytes the doctor cannot see; ``notes`` say how the
+    measurement departed from the settings asked for."""
 
     target: dict
     settings: dict
@@ -33,9 +35,11 @@ class DoctorReport:
 
     @property
     def bottleneck(self) -> str:
+        """``storage``, ``decode``, ``transform``, ``loader overhead`` or ``none``."""
         return self.verdict.bottleneck
 
     def to_dict(self) -> dict:
+        """Everything measured and concluded, as ``schema.json`` describes it."""
         step, batch = self.settings.get("step_time"), self.settings["batch_size"]
         return {"schema_version": SCHEMA_VERSION, "target": self.target, "settings": self.settings,
                 "storage": self.storage.to_dict() if self.storage else None,
@@ -46,7 +50,8 @@ class DoctorReport:
                 "verdict": self.verdict.to_dict(), "seconds": round(self.seconds, 2), "notes": self.notes}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """The report as strict JSON (no NaN or Infinity: what was not measured is null)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def to_text(self) -> str:
         """The terminal report: what was examined, each probe's table, the verdict and remedies."""
@@ -69,7 +74,8 @@ class DoctorReport:
             lines += [f"  could not read {name}: {reason}" for name, reason in d.failures[:5]]
         if self.stages:
             lines += ["", "Transform (one core, each stage timed apart)"]
-            lines += [f"  {s.name[:48]:48} {s.per_core:10,.0f} img/s per core" for s in self.stages]
+            lines += [f"  {s.name[:48]:48} {s.per_core:10,.0f} img/s per core" if math.isfinite(s.per_core)
+                      else f"  {s.name[:48]:48} {'(too few items to time)':>26}" for s in self.stages]
         if self.loaders:
             step, batch = self.settings.get("step_time"), self.settings["batch_size"]
             lines += ["", f"Loaders (warm cache, batch {batch})" + (f", GPU idle at {step * 1000:.0f} ms/step" if step else "")]
@@ -91,7 +97,7 @@ def _storage_lines(s: StorageReport) -> list[str]:
     lines = [f"  {'':26} {'reads/s':>8} {'MB/s':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7} stalls"]
     for label, stats in (("cold, one at a time", s.cold), ("warm, one at a time", s.warm),
                          (f"cold, {s.cold_parallel.concurrency if s.cold_parallel else 0} at a time", s.cold_parallel)):
-        if stats is None:
+        if stats is None or not stats.reads:
             continue
         lat = stats.to_dict()["latency_ms"]
         lines.append(f"  {label:26} {stats.per_second:8,.0f} {stats.mb_per_second:7.1f} {lat['p50']:7.2f} "

@@ -9,6 +9,7 @@ NFS, FUSE or tmpfs may keep the pages, and then "cold" figures are warm ones.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -18,11 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker.doctor.numbers import rounded
 from stoker.doctor.target import Target
+from stoker.errors import StokerError
 from stoker.storage import evict, resident_bytes
 
 STALL_SECONDS = 0.1
 _CHUNK = 1 << 20
+_COPY_CAP = 256 << 20
 
 
 @dataclass
@@ -34,18 +38,22 @@ class ReadStats:
     seconds: float
     concurrency: int
     latencies_ms: np.ndarray
+    items: list[int] = field(default_factory=list)
     stalls: list[tuple[str, float]] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def per_second(self) -> float:
+        """Reads completed per second of wall time."""
         return self.reads / self.seconds if self.seconds else 0.0
 
     @property
     def mb_per_second(self) -> float:
+        """Megabytes (10^6) read per second of wall time."""
         return self.nbytes / self.seconds / 1e6 if self.seconds else 0.0
 
     def to_dict(self) -> dict:
+        """One pass in the report (latencies as percentiles; the full list stays in memory for charts)."""
         pct = np.percentile(self.latencies_ms, [50, 90, 99]) if len(self.latencies_ms) else np.zeros(3)
         return {"reads": self.reads, "bytes": self.nbytes, "seconds": round(self.seconds, 4),
                 "concurrency": self.concurrency, "reads_per_s": round(self.per_second, 1),
@@ -76,9 +84,9 @@ class StorageReport:
         stats = {name: (getattr(self, name).to_dict() if getattr(self, name) else None)
                  for name in ("cold", "warm", "cold_parallel")}
         return {**stats, "eviction_worked": self.eviction_worked, "still_cached_bytes": self.still_cached_bytes,
-                "sequential_mb_per_s": _round(self.sequential_mb_per_s),
-                "copy_to_ram_mb_per_s": _round(self.copy_to_ram_mb_per_s),
-                "copy_to_ssd_mb_per_s": _round(self.copy_to_ssd_mb_per_s),
+                "sequential_mb_per_s": rounded(self.sequential_mb_per_s, 2),
+                "copy_to_ram_mb_per_s": rounded(self.copy_to_ram_mb_per_s, 2),
+                "copy_to_ssd_mb_per_s": rounded(self.copy_to_ssd_mb_per_s, 2),
                 "mean_item_bytes": round(self.mean_item_bytes, 1), "notes": self.notes}
 
 
@@ -96,8 +104,9 @@ def timed_reads(names: Sequence[str], read: Callable[[int], bytes], items: Seque
         start = time.perf_counter()
         try:
             sizes[k] = len(read(items[k]))
-        except OSError as e:  # an unreadable item is reported, not fatal: the doctor examines damage too
-            failures.append((names[items[k]], f"{type(e).__name__}: {e.strerror or e}"))
+        except (OSError, StokerError) as e:  # reported, not fatal: the doctor examines damaged data too
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            failures.append((names[items[k]], f"{type(e).__name__}: {reason}"))
             return
         latencies[k] = (time.perf_counter() - start) * 1000
 
@@ -112,27 +121,30 @@ def timed_reads(names: Sequence[str], read: Callable[[int], bytes], items: Seque
     done = ~np.isnan(latencies)
     stalls = sorted(((names[items[k]], float(latencies[k])) for k in np.flatnonzero(done)
                      if latencies[k] > STALL_SECONDS * 1000), key=lambda s: -s[1])
-    return ReadStats(int(done.sum()), int(sizes[done].sum()), wall, concurrency, latencies[done], stalls, failures)
+    return ReadStats(int(done.sum()), int(sizes[done].sum()), wall, concurrency, latencies[done],
+                     [items[k] for k in np.flatnonzero(done)], stalls, failures)
 
 
 def probe_storage(target: Target, *, workers: int, seconds: float, ssd: str | os.PathLike | None = None) -> StorageReport:
-    """All storage measurements of ``target`` within about ``seconds``."""
+    """All storage measurements of ``target`` within about ``seconds``: half the sample read cold
+    one at a time (latency), the other half cold ``workers`` at a time (throughput), the first
+    half again warm, then large files front to back and copies into RAM and onto ``ssd``."""
     notes: list[str] = []
     read = target.reader()
     names = [target.name(i) for i in range(target.sample_size)]
-    files = target.paths if target.loose else target.shard_files
-    half = target.sample_size // 2
+    half = -(-target.sample_size // 2)
     first, second = list(range(half)), list(range(half, target.sample_size))
+    files = target.files_read()
     evict(files)
-    cached = sum(_resident(f) for f in (files if target.loose else files[:8]))
+    cached = sum(_resident(f) for f in files)
     if cached:
-        notes.append(f"the page cache kept {cached / 1e6:.1f} MB after eviction (the file system ignores "
-                     "posix_fadvise DONTNEED): cold figures are warm ones")
+        notes.append(f"the page cache kept {cached / 1e6:.1f} MB of the sampled files after eviction (the file "
+                     "system ignores posix_fadvise DONTNEED): cold figures are warm ones")
     cold = timed_reads(names, read, first, 1, seconds * 0.35)
     cold_parallel = timed_reads(names, read, second, max(1, workers), seconds * 0.2) if second else None
-    warm = timed_reads(names, read, first[: cold.reads], 1, seconds * 0.1)
-    mean_bytes = (cold.nbytes + (cold_parallel.nbytes if cold_parallel else 0)) / max(
-        1, cold.reads + (cold_parallel.reads if cold_parallel else 0))
+    warm = timed_reads(names, read, cold.items, 1, seconds * 0.1)
+    counted = [stats for stats in (cold, cold_parallel) if stats is not None]
+    mean_bytes = sum(s.nbytes for s in counted) / max(1, sum(s.reads for s in counted))
     big = _large_files(target)
     sequential = _sequential_rate(big, seconds * 0.15) if big else None
     if not big:
@@ -163,11 +175,12 @@ def _large_files(target: Target) -> list[str]:
 
 
 def _sequential_rate(files: list[str], seconds: float) -> float:
-    """MB/s of reading ``files`` front to back in 1 MiB pieces from a cold cache, for about ``seconds``."""
-    evict(files)
+    """MB/s of reading ``files`` front to back in 1 MiB pieces, each evicted just before it is
+    read (so only the files read lose their cache), for about ``seconds``."""
     nbytes, start = 0, time.perf_counter()
     deadline = start + seconds
     for path in files:
+        evict([path])
         with open(path, "rb", buffering=0) as f:
             while time.perf_counter() < deadline and (chunk := f.read(_CHUNK)):
                 nbytes += len(chunk)
@@ -177,27 +190,29 @@ def _sequential_rate(files: list[str], seconds: float) -> float:
 
 
 def _copy_rate(files: list[str], into: Path, seconds: float, notes: list[str]) -> float | None:
-    """MB/s of copying cold ``files`` (whole, or their start when time runs out) into a temporary
-    folder under ``into``, removed afterwards: how fast data can be staged there."""
+    """MB/s of copying cold ``files`` (whole, or their start when time or room runs out) into a
+    temporary folder under ``into``, removed afterwards: how fast data can be staged there. At most
+    256 MB or a quarter of the free space there is copied; unreadable files are skipped."""
     if not into.is_dir():
         notes.append(f"{into} is not a folder here: the copy into it was not measured")
         return None
-    evict(files)
+    room = min(_COPY_CAP, shutil.disk_usage(into).free // 4)
     try:
         with tempfile.TemporaryDirectory(prefix="stoker-doctor-", dir=into) as scratch:
             nbytes, start = 0, time.perf_counter()
             deadline = start + seconds
             for k, path in enumerate(files):
-                with open(path, "rb", buffering=0) as src, open(Path(scratch) / str(k), "wb") as dst:
-                    while time.perf_counter() < deadline and (chunk := src.read(_CHUNK)):
-                        nbytes += dst.write(chunk)
-                if time.perf_counter() >= deadline:
+                if time.perf_counter() >= deadline or nbytes >= room:
                     break
-            return nbytes / (time.perf_counter() - start) / 1e6
+                evict([path])
+                try:
+                    src = open(path, "rb", buffering=0)
+                except OSError:  # the random-read probes report it
+                    continue
+                with src, open(Path(scratch) / str(k), "wb") as dst:
+                    while time.perf_counter() < deadline and nbytes < room and (chunk := src.read(_CHUNK)):
+                        nbytes += dst.write(chunk)
+            return nbytes / (time.perf_counter() - start) / 1e6 if nbytes else None
     except OSError as e:
         notes.append(f"copy into {into} failed: {e}")
         return None
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)

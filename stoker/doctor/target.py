@@ -1,9 +1,9 @@
 """What the doctor examines: a bounded random sample of a data set's items and how to read them.
 
-A loose folder of millions of files is never listed whole: class folders are listed, then files
-from randomly chosen class folders until the sample is full or the listing budget is spent, and
-the total is estimated from the folders seen. A path list or a packed data set is read whole
-(one sequential file each). Nothing is ever written into the data set's folder.
+A loose folder of millions of files is not listed whole: its top-level folders are listed in
+random order until the listing budget is spent, and the total is estimated from those listed. A
+path list or a packed data set's index is read whole (each one sequential file). Nothing is ever
+written into the data set's folder.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
+from stoker.errors import StokerError
 from stoker.format import MANIFEST_NAME
 from stoker.pack.sources import IMAGE_EXTENSIONS, read_path_list
+
+LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 
 TargetKind = Literal["folder", "list", "packed", "dataset"]
 
@@ -50,12 +53,22 @@ class Target:
 
     @property
     def sample_size(self) -> int:
+        """Items in the sample."""
         return len(self.paths) if self.loose else len(self.indices)
 
     def subset(self, positions: list[int]) -> Target:
         """The same target with only the sampled items at ``positions`` (e.g. those that decode)."""
         return replace(self, paths=[self.paths[k] for k in positions] if self.loose else [],
                        indices=self.indices[positions] if not self.loose else self.indices)
+
+    def files_read(self) -> list[str]:
+        """The files the random-read probes touch: the sampled files, or the shards holding the sampled samples."""
+        if self.loose:
+            return list(self.paths)
+        if self.kind == "packed":
+            shards = sorted({self.dataset.shards.locate(int(i))[0] for i in self.indices})
+            return [self.shard_files[s] for s in shards]
+        return []
 
     def name(self, i: int) -> str:
         """What to call sampled item ``i`` in a report: its path, or its data set key."""
@@ -80,60 +93,75 @@ class Target:
 def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: int, seed: int = 0,
                 list_seconds: float = 5.0) -> Target:
     """Sample up to ``sample`` items of ``source``: a folder (ImageFolder or flat), a path list
-    (``.csv``/``.tsv``/``.txt``), a packed stoker data set, or a map-style Dataset object."""
+    (``.csv``/``.tsv``/``.txt``), a packed stoker data set, or a map-style Dataset object. A
+    folder is listed for at most about ``list_seconds``."""
     rng = np.random.default_rng(seed)
-    if isinstance(source, ShardDataset):  # stoker's own: its files and stages are known
+    if isinstance(source, ShardDataset):  # stoker's own: its files are known
         source = source.root
     if isinstance(source, torch.utils.data.Dataset):
+        if len(source) == 0:
+            raise StokerError(f"{type(source).__name__}: the data set is empty")
         return _dataset_target(source, sample, rng)
     path = Path(source)
     if (path / MANIFEST_NAME).is_file():
         dataset = ShardDataset(path, decode="raw")
-        shard_files = [str(path / entry.name) for entry in dataset.shards.manifest.shards]
+        if len(dataset) == 0:
+            raise StokerError(f"{path}: the packed data set is empty")
         target = _dataset_target(dataset, sample, rng)
-        target.kind, target.description, target.shard_files = "packed", str(path), shard_files
+        target.kind, target.description = "packed", str(path)
+        target.shard_files = [str(path / entry.name) for entry in dataset.shards.manifest.shards]
         return target
     if path.is_dir():
         paths, total, estimated = _sample_folder(path, sample, rng, list_seconds)
         return Target("folder", str(path), total, estimated, paths=paths)
-    if path.is_file():
+    if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
         listed = read_path_list(path)
+        if not len(listed):
+            raise StokerError(f"{path}: the path list is empty")
         chosen = rng.choice(len(listed), size=min(sample, len(listed)), replace=False)
         return Target("list", str(path), len(listed), paths=[listed.paths[i] for i in chosen])
-    raise FileNotFoundError(f"{path}: no such folder, path list or packed data set")
+    if path.is_file():
+        raise StokerError(f"{path}: not a folder, a path list ({', '.join(LIST_SUFFIXES)}) or a packed data set")
+    raise StokerError(f"{path}: no such folder, path list or packed data set")
 
 
 def _dataset_target(dataset: Any, sample: int, rng: np.random.Generator) -> Target:
     n = len(dataset)
-    indices = np.sort(rng.choice(n, size=min(sample, n), replace=False)).astype(np.int64)
-    rng.shuffle(indices)
+    indices = rng.choice(n, size=min(sample, n), replace=False).astype(np.int64)
     return Target("dataset", type(dataset).__name__, n, indices=indices, dataset=dataset)
 
 
 def _sample_folder(root: Path, sample: int, rng: np.random.Generator, budget: float) -> tuple[list[str], int, bool]:
-    """Up to ``sample`` image files below ``root`` at random, the total count, and whether it is estimated."""
-    folders = sorted(entry.path for entry in os.scandir(root) if entry.is_dir())
-    if not folders:
-        files = _images_below(str(root))
-        if not files:
-            raise FileNotFoundError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)})")
-        chosen = rng.choice(len(files), size=min(sample, len(files)), replace=False)
-        return [files[i] for i in chosen], len(files), False
+    """Up to ``sample`` image files below ``root`` at random, the total count, and whether that
+    total is estimated: top-level folders are listed in random order until all are listed or the
+    budget is spent; the total is then extrapolated from the folders listed completely (or, when
+    not even one was, is the count found so far: a lower bound)."""
     deadline = time.monotonic() + budget
-    found: list[str] = []
-    listed = 0
-    for folder in rng.permutation(folders):  # random folders until all are listed or the budget is spent
-        found.extend(_images_below(str(folder)))
-        listed += 1
-        if time.monotonic() > deadline:
+    folders = [entry.path for entry in os.scandir(root) if entry.is_dir()]
+    found = [] if folders else _images_below(str(root), deadline)[0]  # ImageFolder ignores files beside class folders
+    complete, cut = 0, False
+    for folder in rng.permutation(folders) if folders else []:
+        files, cut = _images_below(str(folder), deadline)
+        found.extend(files)
+        if cut:
             break
+        complete += 1
     if not found:
-        raise FileNotFoundError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in {listed} folders listed")
+        raise StokerError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) found"
+                          + (" before the listing budget ran out" if cut else ""))
     chosen = rng.choice(len(found), size=min(sample, len(found)), replace=False)
-    total = round(len(found) / listed * len(folders))
-    return [found[i] for i in chosen], total, listed < len(folders)
+    if not folders or (complete == len(folders)):
+        return [found[i] for i in chosen], len(found), False
+    total = round(len(found) / complete * len(folders)) if complete else len(found)
+    return [found[i] for i in chosen], max(total, len(found)), True
 
 
-def _images_below(folder: str) -> list[str]:
-    return sorted(os.path.join(d, f) for d, _, names in os.walk(folder, followlinks=True)
-                  for f in names if f.lower().endswith(IMAGE_EXTENSIONS))
+def _images_below(folder: str, deadline: float) -> tuple[list[str], bool]:
+    """Image files anywhere below ``folder``, and whether the deadline cut the walk short."""
+    found: list[str] = []
+    for directory, _, names in os.walk(folder, followlinks=True):
+        found.extend(os.path.join(directory, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS))
+        if time.monotonic() > deadline:
+            return found, True
+    return found, False
+
