@@ -71,6 +71,8 @@ class DoctorReport:
             if d.jpeg_reduced_per_core:
                 lines.append(f"  simplejpeg, reduced DCT scale (>= {d.reduced_size} px) {d.jpeg_reduced_per_core:6,.0f}"
                              " img/s per core")
+            elif d.jpeg_full_per_core:
+                lines.append(f"  simplejpeg, reduced DCT scale: not possible, short sides under 2 x {d.reduced_size} px")
             lines += [f"  could not read {name}: {reason}" for name, reason in d.failures[:5]]
         if self.stages:
             lines += ["", "Transform (one core, each stage timed apart)"]

@@ -124,8 +124,9 @@ def _compute(target: Target, transform: Callable | None, size: int, decode_mode:
         raise StokerError(f"{target.description}: none of {len(readable)} sampled images decodes; first: "
                           + "; ".join(f"{name}: {reason}" for name, reason in decode.failures[:3]))
     if decode_mode != "pil":  # a ShardDataset's transform takes its own decode mode's output
-        images = [decode_image(blobs[j], decode_mode) for j in decoded]
-    stages = probe_stages(transform_stages(transform), images, seconds * 3 / 8) if transform is not None else []
+        images = [decode_image(blobs[j], decode_mode) for j in decoded[: len(images)]]
+    inputs = [images[k % len(images)] for k in range(len(decoded))]
+    stages = probe_stages(transform_stages(transform), inputs, seconds * 3 / 8) if transform is not None else []
     return decode, stages, [readable[j] for j in decoded]
 
 
