@@ -62,7 +62,9 @@ def test_an_expensive_transform_is_named(photos):
 
 
 def test_a_long_step_time_means_input_is_not_the_bottleneck(photos):
+    before = snapshot(photos)
     report = doctor(photos, step_time=10.0, quick=True)
+    assert snapshot(photos) == before  # nothing written into the data folder
     assert report.seconds < 15  # the --quick budget
     assert report.bottleneck == "none"
     assert report.verdict.gpu_idle_fraction == 0.0
