@@ -1,4 +1,4 @@
-"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, bench."""
+"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, stage, bench."""
 
 from __future__ import annotations
 
@@ -134,6 +134,15 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage(args: argparse.Namespace) -> int:
+    from stoker.storage.stage import stage
+
+    result = stage(args.src, args.dst, verify=not args.no_verify, progress=not args.quiet)
+    print(f"staged {args.src} into {result.dst}: fetched {result.fetched} files ({result.fetched_bytes / 1e6:.1f} MB), "
+          f"{result.skipped} already intact, in {result.seconds:.1f} s")
+    return 0
+
+
 def _bench_loader(args: argparse.Namespace) -> int:
     from stoker.bench.loader import bench_loader
 
@@ -195,6 +204,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the report as JSON (schema: stoker/doctor/schema.json)")
     p.add_argument("--html", type=Path, help="also write an HTML report with charts to this file")
     p.set_defaults(run=_doctor)
+
+    p = commands.add_parser("stage", help="copy a packed data set (a folder or an fsspec URL such as s3://...) "
+                            "to a local folder, verified and resumable")
+    p.add_argument("src", help="the data set: a folder, or a URL (s3://, gs://, https://, file://)")
+    p.add_argument("dst", help="a local folder; files already there and intact are kept")
+    p.add_argument("--no-verify", action="store_true", help="trust files already in DST whose size matches")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_stage)
 
     bench = commands.add_parser("bench", help="benchmarks to run on your machine").add_subparsers(
         required=True, metavar="BENCHMARK")

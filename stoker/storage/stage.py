@@ -1,0 +1,162 @@
+"""``stoker stage SRC DST``: copy a packed data set from any fsspec URL (``s3://``, ``gs://``,
+``https://``, ``file://`` or a local path) to a local folder, verified, resumable, and skipping
+what is already there and intact.
+
+Each file is downloaded under a temporary name, its xxh3-128 checksum computed while it streams
+and compared with the manifest's, then renamed into place; the manifest is written last, so a
+folder holds a readable data set only once every shard is complete. A killed stage leaves at most
+temporary files, which the next run removes. Transient errors (timeouts, dropped connections,
+5xx) are retried with exponential backoff; permanent ones (missing object or bucket, denied
+access, bad credentials) stop at once with the URL and the cause.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from tqdm import tqdm
+
+from stoker.errors import FormatError, StokerError
+from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum, write_manifest
+from stoker.format.layout import check_name
+
+STAGE_LOCK_NAME = ".stoker-stage.lock"
+_PARTIAL = ".stoker-partial-"
+_CHUNK = 8 << 20
+log = logging.getLogger("stoker.stage")
+
+
+class StageError(StokerError):
+    """A data set could not be staged; the message names the URL and the cause."""
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage did: files fetched and skipped (already intact), bytes fetched, seconds."""
+
+    dst: Path
+    fetched: int
+    skipped: int
+    fetched_bytes: int
+    seconds: float
+
+
+def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bool = True, retries: int = 5,
+          backoff: float = 0.5, storage_options: dict[str, Any] | None = None) -> StageResult:
+    """Copy the data set at ``src`` into the folder ``dst``; see the module docstring.
+
+    ``verify=False`` trusts files already in ``dst`` whose size matches the manifest (fetched
+    files are always checked as they stream). A transient error is retried ``retries`` times,
+    after ``backoff`` seconds, then twice that, and so on (default 0.5 to 8 s, 15.5 s in all).
+    ``storage_options`` go to fsspec (credentials, ``endpoint_url``, timeouts).
+    """
+    started = time.perf_counter()
+    fs, root = fsspec.core.url_to_fs(src, **(storage_options or {}))
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    with _locked(dst):
+        _remove_partials(dst)
+        manifest_url = f"{src.rstrip('/')}/{MANIFEST_NAME}"
+        text = _with_retries(manifest_url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"), retries,
+                             backoff).decode("utf-8")
+        manifest = Manifest.from_json(text, manifest_url)
+        files = [(check_name(s.name), s.bytes, s.checksum) for s in manifest.shards]
+        files += [(check_name(s.index), s.index_bytes, s.index_checksum) for s in manifest.shards]
+        total = sum(size for _, size, _ in files)
+        fetched = skipped = fetched_bytes = 0
+        with tqdm(total=total, unit="B", unit_scale=True, desc="stage", disable=not progress) as bar:
+            for name, size, checksum in files:
+                if _intact(dst / name, size, checksum, verify):
+                    skipped += 1
+                else:
+                    url = f"{src.rstrip('/')}/{name}"
+                    _with_retries(url, lambda n=name, s=size, c=checksum, u=url: _fetch(fs, f"{root}/{n}", dst, n, s, c, u),
+                                  retries, backoff)
+                    fetched += 1
+                    fetched_bytes += size
+                bar.update(size)
+        if not (dst / MANIFEST_NAME).is_file() or (dst / MANIFEST_NAME).read_text(encoding="utf-8") != text:
+            write_manifest(dst, manifest)
+    return StageResult(dst, fetched, skipped, fetched_bytes, time.perf_counter() - started)
+
+
+def _fetch(fs: fsspec.AbstractFileSystem, path: str, dst: Path, name: str, size: int, checksum: str, url: str) -> None:
+    """Stream ``path`` into ``dst/name`` through a temporary file, checking size and checksum."""
+    partial = dst / f"{_PARTIAL}{os.getpid()}-{name}"
+    digest, written = FileChecksum(), 0
+    try:
+        with fs.open(path, "rb", block_size=_CHUNK) as src, open(partial, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                written += out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != size or digest.hexdigest() != checksum:
+            raise StageError(f"{url}: the copy does not match the manifest ({written} of {size} bytes, "
+                             f"checksum {digest.hexdigest()} against {checksum})")
+        os.replace(partial, dst / name)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _intact(path: Path, size: int, checksum: str, verify: bool) -> bool:
+    try:
+        if path.stat().st_size != size:
+            return False
+    except FileNotFoundError:
+        return False
+    return not verify or file_checksum(path) == checksum
+
+
+def _with_retries(url: str, action: Callable[[], Any], retries: int, backoff: float) -> Any:
+    """``action()``, retried ``retries`` times after other errors, sleeping ``backoff``, then
+    twice that, and so on. Missing objects and denied access are permanent and become a
+    StageError at once, as does a malformed manifest; every other error (each fsspec backend has
+    its own: botocore's connection errors, aiohttp's, OSError) counts as transient."""
+    for attempt in range(retries + 1):
+        try:
+            return action()
+        except FileNotFoundError as e:
+            raise StageError(f"{url}: not found ({_cause(e)})") from None
+        except PermissionError as e:
+            raise StageError(f"{url}: access denied: check credentials and permissions ({_cause(e)})") from None
+        except FormatError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- backends raise their own kinds (botocore, aiohttp, OSError)
+            if attempt == retries:
+                raise StageError(f"{url}: failed after {attempt + 1} attempts: {_cause(e)}") from None
+            log.warning("stage: %s: %s; retrying in %.1f s", url, _cause(e), backoff * 2**attempt)
+            time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _cause(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _remove_partials(dst: Path) -> None:
+    """Temporary files of a stage that was killed: never complete, never used."""
+    for leftover in dst.glob(f"{_PARTIAL}*"):
+        leftover.unlink(missing_ok=True)
+
+
+class _locked:
+    """An exclusive lock on ``dst`` for one stage at a time; another waits for it."""
+
+    def __init__(self, dst: Path) -> None:
+        self._path = dst / STAGE_LOCK_NAME
+
+    def __enter__(self) -> None:
+        self._file = open(self._path, "w")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
