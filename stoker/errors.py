@@ -44,3 +44,8 @@ class TransformError(StokerError):
 
     def __reduce__(self):
         return type(self), (self.key, self.reason)
+
+
+class RemoteError(StokerError):
+    """Remote storage failed for good: a missing object or bucket, denied access, or transient
+    errors that outlasted every retry. The message names the URL and the cause."""

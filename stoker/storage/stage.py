@@ -13,10 +13,8 @@ access, bad credentials) stop at once with the URL and the cause.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,17 +22,17 @@ from typing import Any
 import fsspec
 from tqdm import tqdm
 
-from stoker.errors import FormatError, StokerError
+from stoker.errors import RemoteError
 from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum, write_manifest
 from stoker.format.layout import check_name
+from stoker.storage.retry import with_retries
 
 STAGE_LOCK_NAME = ".stoker-stage.lock"
 _PARTIAL = ".stoker-partial-"
 _CHUNK = 8 << 20
-log = logging.getLogger("stoker.stage")
 
 
-class StageError(StokerError):
+class StageError(RemoteError):
     """A data set could not be staged; the message names the URL and the cause."""
 
 
@@ -65,8 +63,8 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
     with _locked(dst):
         _remove_partials(dst)
         manifest_url = f"{src.rstrip('/')}/{MANIFEST_NAME}"
-        text = _with_retries(manifest_url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"), retries,
-                             backoff).decode("utf-8")
+        text = with_retries(manifest_url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"), retries=retries,
+                            backoff=backoff, error=StageError).decode("utf-8")
         manifest = Manifest.from_json(text, manifest_url)
         files = [(check_name(s.name), s.bytes, s.checksum) for s in manifest.shards]
         files += [(check_name(s.index), s.index_bytes, s.index_checksum) for s in manifest.shards]
@@ -78,8 +76,8 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
                     skipped += 1
                 else:
                     url = f"{src.rstrip('/')}/{name}"
-                    _with_retries(url, lambda n=name, s=size, c=checksum, u=url: _fetch(fs, f"{root}/{n}", dst, n, s, c, u),
-                                  retries, backoff)
+                    with_retries(url, lambda n=name, s=size, c=checksum, u=url: _fetch(fs, f"{root}/{n}", dst, n, s, c, u),
+                                 retries=retries, backoff=backoff, error=StageError)
                     fetched += 1
                     fetched_bytes += size
                 bar.update(size)
@@ -114,32 +112,6 @@ def _intact(path: Path, size: int, checksum: str, verify: bool) -> bool:
     except FileNotFoundError:
         return False
     return not verify or file_checksum(path) == checksum
-
-
-def _with_retries(url: str, action: Callable[[], Any], retries: int, backoff: float) -> Any:
-    """``action()``, retried ``retries`` times after other errors, sleeping ``backoff``, then
-    twice that, and so on. Missing objects and denied access are permanent and become a
-    StageError at once, as does a malformed manifest; every other error (each fsspec backend has
-    its own: botocore's connection errors, aiohttp's, OSError) counts as transient."""
-    for attempt in range(retries + 1):
-        try:
-            return action()
-        except FileNotFoundError as e:
-            raise StageError(f"{url}: not found ({_cause(e)})") from None
-        except PermissionError as e:
-            raise StageError(f"{url}: access denied: check credentials and permissions ({_cause(e)})") from None
-        except FormatError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- backends raise their own kinds (botocore, aiohttp, OSError)
-            if attempt == retries:
-                raise StageError(f"{url}: failed after {attempt + 1} attempts: {_cause(e)}") from None
-            log.warning("stage: %s: %s; retrying in %.1f s", url, _cause(e), backoff * 2**attempt)
-            time.sleep(backoff * 2**attempt)
-    raise AssertionError("unreachable")
-
-
-def _cause(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
 
 
 def _remove_partials(dst: Path) -> None:
