@@ -11,6 +11,7 @@ from PIL import Image
 
 import stoker
 from stoker.sample_data import make_sample_photos
+from tests.s3server import S3Server
 
 PHOTOS = 96
 CLASSES = 4
@@ -63,3 +64,19 @@ def odd_images(tmp_path_factory) -> Path:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     return root
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server of this test module's own."""
+    server = S3Server(tmp_path_factory.mktemp("moto") / "requests.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(s3, packed) -> str:
+    """``packed`` uploaded to s3://data/packed."""
+    s3.fs.mkdir("data")
+    s3.fs.put(str(packed) + "/", "data/packed", recursive=True)
+    return "s3://data/packed"

@@ -30,6 +30,10 @@ class ShardDataset(torch.utils.data.Dataset):
     ``verify=False`` skips the per-read checksums. ``field`` picks the image member when samples
     hold several; ``block_bytes`` sets the read-ahead block (see QuasiRandomSampler); at most
     ``max_open_shards`` shards are open per process.
+
+    ``path`` may be an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``https://``): the manifest
+    and indexes are fetched once into a local metadata folder and each sample is read by range;
+    ``storage_options`` go to fsspec (credentials, ``endpoint_url``).
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class ShardDataset(torch.utils.data.Dataset):
         field: str | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -55,7 +60,8 @@ class ShardDataset(torch.utils.data.Dataset):
         self.target_transform = target_transform
         self.on_error = on_error
         self.skipped = 0
-        self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards)
+        self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards,
+                               storage_options=storage_options)
         schema = self.shards.manifest.schema
         if field is not None and field not in schema:
             raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")

@@ -1,4 +1,5 @@
-"""Low-level reading of a data set: locate a sample, read its members with ``pread``, check them.
+"""Low-level reading of a data set: locate a sample, read its members with ``pread`` (or by range
+from an fsspec URL), check them.
 
 Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
 at most ``max_open_shards`` at a time, and pickling carries only the path and options, so a
@@ -16,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from stoker.data.order import block_bounds
-from stoker.errors import CorruptDataError
+from stoker.errors import CorruptDataError, RemoteError
 from stoker.format import Manifest, ShardEntry, ShardIndex, file_checksum, member_checksum, read_manifest
 from stoker.storage import willneed
+from stoker.storage.remote import RemoteData, is_url
 
 # Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
 # blocks and asks the kernel to read each block whole, so a spinning disk sees large reads.
@@ -61,6 +63,16 @@ class ShardReader:
         returned, when it fits. Measured here, ``os.pread`` of a new 78 KB ``bytes`` costs ~47 us of
         CPU (fresh heap pages fault on every call); reading into a reused buffer ~6 us."""
         offset, size = int(member["offset"]), int(member["size"])
+        data = self._read(local, offset, size, into)
+        if len(data) != size:
+            raise CorruptDataError(self.path, self.index.key(local), f"short read: {len(data)} of {size} bytes")
+        if self.verify and member_checksum(data) != int(member["checksum"]):
+            field = self.index.fields[int(member["field"])]
+            raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
+        return data
+
+    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+        """``size`` bytes at ``offset`` of the shard file, into ``into`` when it fits."""
         fd = self._acquire()
         try:
             if offset + size > self._size:
@@ -70,19 +82,12 @@ class ShardReader:
             self._readahead(fd, offset)
             if into is not None and len(into) >= size:
                 data = memoryview(into)[:size]
-                data = data[: os.preadv(fd, [data], offset)]
-            else:
-                data = os.pread(fd, size, offset)
+                return data[: os.preadv(fd, [data], offset)]
+            return os.pread(fd, size, offset)
         except OSError as e:
             raise CorruptDataError(self.path, self.index.key(local), f"read failed: {e.strerror or e}") from None
         finally:
             self._release()
-        if len(data) != size:
-            raise CorruptDataError(self.path, self.index.key(local), f"short read: {len(data)} of {size} bytes")
-        if self.verify and member_checksum(data) != int(member["checksum"]):
-            field = self.index.fields[int(member["field"])]
-            raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
-        return data
 
     def readahead(self, first: int, last: int) -> None:
         """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
@@ -145,12 +150,44 @@ class ShardReader:
             willneed(fd, block * self.block_bytes, self.block_bytes)
 
 
+class RemoteShardReader(ShardReader):
+    """A shard at an fsspec URL: the index from the local metadata folder, each member read by
+    range (one request each). Nothing to open or close; no kernel read-ahead."""
+
+    def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int, remote: RemoteData) -> None:
+        super().__init__(root, entry, verify, block_bytes)
+        self.remote = remote
+        self.path = f"{remote.url}/{entry.name}"
+
+    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+        try:
+            data = self.remote.read(self.entry.name, offset, offset + size)
+        except RemoteError as e:
+            raise CorruptDataError(self.path, self.index.key(local), str(e)) from None
+        if into is not None and len(into) >= len(data):
+            into[: len(data)] = data
+            return memoryview(into)[: len(data)]
+        return data
+
+    def readahead(self, first: int, last: int) -> None:
+        """Nothing yet: remote shards are read member by member (a node cache will fetch ahead)."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def forget_after_fork(self) -> None:
+        """Nothing to forget: the file system is made again in the child."""
+
+
 class ShardSet:
     """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
 
     def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS) -> None:
-        self.root = Path(root)
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None) -> None:
+        self.source = root
+        self.storage_options = storage_options
+        self.remote = RemoteData(root, storage_options) if is_url(root) else None
+        self.root = self.remote.metadata() if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
         self.max_open_shards = max(1, max_open_shards)
@@ -181,7 +218,9 @@ class ShardSet:
             if reader is not None:
                 self._readers.move_to_end(shard)
                 return reader
-        reader = ShardReader(self.root, self.manifest.shards[shard], self.verify, self.block_bytes)
+        entry = self.manifest.shards[shard]
+        reader = (RemoteShardReader(self.root, entry, self.verify, self.block_bytes, self.remote) if self.remote
+                  else ShardReader(self.root, entry, self.verify, self.block_bytes))
         with self._lock:
             reader = self._readers.setdefault(shard, reader)
             while len(self._readers) > self.max_open_shards:
@@ -232,8 +271,8 @@ class ShardSet:
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
-        return {"root": self.root, "verify": self.verify, "block_bytes": self.block_bytes,
-                "max_open_shards": self.max_open_shards}
+        return {"root": self.source, "verify": self.verify, "block_bytes": self.block_bytes,
+                "max_open_shards": self.max_open_shards, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)

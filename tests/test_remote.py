@@ -1,0 +1,60 @@
+"""Reading a packed data set in place from a real S3-compatible server (moto, on localhost, in its
+own process): ShardDataset, DataLoader workers under fork and spawn, stoker.Loader, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch.utils.data
+
+import stoker
+from stoker.errors import RemoteError
+from stoker.storage.remote import cache_root
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Metadata folders under this test's tmp_path, not the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def as_list(batch):
+    return list(batch)
+
+
+def test_items_read_in_place_are_byte_exact(s3, remote, packed):
+    there = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options)
+    here = stoker.ShardDataset(packed, decode="raw")
+    assert len(there) == len(here) and there.classes == here.classes
+    assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+    assert sorted(p.suffix for p in (cache_root() / "metadata").rglob("*") if p.is_file()) == sorted(
+        [".idx"] * len(here.shards.manifest.shards) + [".json"])  # only manifest and indexes came down
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_in_place(s3, remote, packed, context):
+    there = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options)
+    loader = torch.utils.data.DataLoader(there, batch_size=8, num_workers=2, multiprocessing_context=context,
+                                         collate_fn=as_list)
+    got = [item for batch in loader for item in batch]
+    here = stoker.ShardDataset(packed, decode="raw")
+    assert got == [here[i] for i in range(len(here))]
+
+
+def test_loader_reads_in_place(s3, remote, packed):
+    there = stoker.Loader(stoker.ShardDataset(remote, storage_options=s3.options), 16, seed=3, threads=2)
+    here = stoker.Loader(stoker.ShardDataset(packed), 16, seed=3, threads=2)
+    for (a, la), (b, lb) in zip(there, here, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_a_damaged_cached_index_is_fetched_again(s3, remote, packed):
+    stoker.ShardDataset(remote, storage_options=s3.options)
+    index = sorted((cache_root() / "metadata").rglob("*.idx"))[0]
+    index.write_bytes(b"\0" * index.stat().st_size)
+    there = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options)
+    assert there[0] == stoker.ShardDataset(packed, decode="raw")[0]
+
+
+def test_a_missing_data_set_is_a_clear_error(s3, remote):
+    with pytest.raises(RemoteError, match=r"s3://data/nothing/stoker.json: not found"):
+        stoker.ShardDataset("s3://data/nothing", storage_options=s3.options)
