@@ -25,7 +25,10 @@ def test_items_read_in_place_are_byte_exact(s3, remote, packed):
     there = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options)
     here = stoker.ShardDataset(packed, decode="raw")
     assert len(there) == len(here) and there.classes == here.classes
+    before = s3.gets("/data/packed/shard-")
     assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+    shards = len(here.shards.manifest.shards)
+    assert s3.gets("/data/packed/shard-") - before <= 2 * shards  # in order: a member, then its whole block
     assert sorted(p.suffix for p in (cache_root() / "metadata").rglob("*") if p.is_file()) == sorted(
         [".idx"] * len(here.shards.manifest.shards) + [".json"])  # only manifest and indexes came down
 

@@ -28,6 +28,8 @@ DEFAULT_BLOCK_BYTES = 8 << 20
 # Each open shard holds two file descriptors (the shard, and the index's memory map).
 DEFAULT_MAX_OPEN_SHARDS = 128
 _RECENT_BLOCKS = 64
+# Blocks of a remote shard kept in memory per reader (8 MiB each by default).
+_REMOTE_BLOCKS = 4
 
 
 class ShardReader:
@@ -151,17 +153,27 @@ class ShardReader:
 
 
 class RemoteShardReader(ShardReader):
-    """A shard at an fsspec URL: the index from the local metadata folder, each member read by
-    range (one request each). Nothing to open or close; no kernel read-ahead."""
+    """A shard at an fsspec URL: the index from the local metadata folder, members read by range.
+
+    As :meth:`ShardReader._readahead` does for a disk, a second read inside the same block
+    fetches the whole block in one request and keeps it in memory (the last ``_REMOTE_BLOCKS``
+    blocks per shard reader), so block-local orders (quasi-random, sequential) make one request
+    per block instead of one per sample; a fully random order still makes one per sample.
+    Measured on moto (localhost) a range request costs ~200 ms whatever its size.
+    """
 
     def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int, remote: RemoteData) -> None:
         super().__init__(root, entry, verify, block_bytes)
         self.remote = remote
         self.path = f"{remote.url}/{entry.name}"
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
 
     def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+        block = offset // self.block_bytes
         try:
-            data = self.remote.read(self.entry.name, offset, offset + size)
+            data = self._from_block(block, offset, size)
+            if data is None:
+                data = self.remote.read(self.entry.name, offset, offset + size)
         except RemoteError as e:
             raise CorruptDataError(self.path, self.index.key(local), str(e)) from None
         if into is not None and len(into) >= len(data):
@@ -169,11 +181,38 @@ class RemoteShardReader(ShardReader):
             return memoryview(into)[: len(data)]
         return data
 
+    def _from_block(self, block: int, offset: int, size: int) -> bytes | None:
+        """The member's bytes from a block in memory, fetching the block on its second touch; None
+        on a first touch (read just the member) or when the member crosses the block's end."""
+        start = block * self.block_bytes
+        if offset + size > start + self.block_bytes:
+            return None
+        with self._lock:
+            data = self._blocks.get(block)
+            if data is not None:
+                self._blocks.move_to_end(block)
+            seen = self._seen.get(block)
+            self._seen[block] = True
+            self._seen.move_to_end(block)
+            if len(self._seen) > _RECENT_BLOCKS:
+                self._seen.popitem(last=False)
+        if data is None and seen is None:
+            return None
+        if data is None:
+            data = self.remote.read(self.entry.name, start, min(start + self.block_bytes, self.entry.bytes))
+            with self._lock:
+                self._blocks[block] = data
+                while len(self._blocks) > _REMOTE_BLOCKS:
+                    self._blocks.popitem(last=False)
+        return data[offset - start : offset - start + size]
+
     def readahead(self, first: int, last: int) -> None:
-        """Nothing yet: remote shards are read member by member (a node cache will fetch ahead)."""
+        """Nothing yet: blocks are fetched on their second touch (a node cache will fetch ahead)."""
 
     def close(self) -> None:
-        """Nothing to close."""
+        """Drop the blocks held in memory."""
+        with self._lock:
+            self._blocks.clear()
 
     def forget_after_fork(self) -> None:
         """Nothing to forget: the file system is made again in the child."""
