@@ -143,13 +143,19 @@ class ShardReader:
         """
         block = offset // self.block_bytes
         with self._lock:
-            hinted = self._seen.get(block)
-            self._seen[block] = hinted is not None
-            self._seen.move_to_end(block)
-            if len(self._seen) > _RECENT_BLOCKS:
-                self._seen.popitem(last=False)
-        if hinted is False:
+            before = self._touch(block)
+        if before is False:
             willneed(fd, block * self.block_bytes, self.block_bytes)
+
+    def _touch(self, block: int) -> bool | None:
+        """Record a read inside ``block`` (caller holds the lock) and return what the recent
+        history said before it: None (not read lately), False (read once), True (twice or more)."""
+        before = self._seen.get(block)
+        self._seen[block] = before is not None
+        self._seen.move_to_end(block)
+        if len(self._seen) > _RECENT_BLOCKS:
+            self._seen.popitem(last=False)
+        return before
 
 
 class RemoteShardReader(ShardReader):
@@ -191,12 +197,8 @@ class RemoteShardReader(ShardReader):
             data = self._blocks.get(block)
             if data is not None:
                 self._blocks.move_to_end(block)
-            seen = self._seen.get(block)
-            self._seen[block] = True
-            self._seen.move_to_end(block)
-            if len(self._seen) > _RECENT_BLOCKS:
-                self._seen.popitem(last=False)
-        if data is None and seen is None:
+            before = self._touch(block)
+        if data is None and before is None:
             return None
         if data is None:
             data = self.remote.read(self.entry.name, start, min(start + self.block_bytes, self.entry.bytes))
