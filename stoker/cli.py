@@ -48,7 +48,7 @@ def _pack(args: argparse.Namespace) -> int:
     if result.reused_shards:
         print(f"reused {result.reused_shards} shards finished by an earlier run")
     if result.rejected:
-        print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst / REJECTED_NAME}:")
+        print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst}/{REJECTED_NAME}:")
         for path, reason in result.rejected[:5]:
             print(f"  {path}: {reason}")
     return 0
@@ -158,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
     p.add_argument("src", help="ImageFolder-style tree (ROOT/<class>/<images>) or a CSV/TSV of path,label")
-    p.add_argument("dst", help="output folder (created; must be empty or a previous pack of the same input)")
+    p.add_argument("dst", help="output folder (created; must be empty or a previous pack of the same input), "
+                   "or an fsspec URL such as s3://bucket/prefix (packed locally, then uploaded)")
     p.add_argument("--shard-size", type=parse_size, default=DEFAULT_SHARD_BYTES, help="target shard size (default 256MB)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: all cores)")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the sample order at pack time")

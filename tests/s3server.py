@@ -55,8 +55,12 @@ class S3Server:
 
     def gets(self, key_part: str) -> int:
         """GET requests so far whose path contains ``key_part``."""
+        return self.requests("GET", key_part)
+
+    def requests(self, method: str, key_part: str) -> int:
+        """``method`` requests so far whose path contains ``key_part``."""
         log = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text())  # werkzeug colours some lines
-        return len(re.findall(rf'"GET [^ "]*{re.escape(key_part)}[^ "]* HTTP', log))
+        return len(re.findall(rf'"{method} [^ "]*{re.escape(key_part)}[^ "]* HTTP', log))
 
     def stop(self) -> None:
         self.process.kill()

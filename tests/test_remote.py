@@ -9,6 +9,7 @@ import torch.utils.data
 import stoker
 from stoker.errors import RemoteError
 from stoker.storage.remote import cache_root
+from tests.conftest import SMALL_SHARD
 
 
 @pytest.fixture(autouse=True)
@@ -61,3 +62,18 @@ def test_a_damaged_cached_index_is_fetched_again(s3, remote, packed):
 def test_a_missing_data_set_is_a_clear_error(s3, remote):
     with pytest.raises(RemoteError, match=r"s3://data/nothing/stoker.json: not found"):
         stoker.ShardDataset("s3://data/nothing", storage_options=s3.options)
+
+
+def test_pack_to_s3_uploads_a_readable_data_set_and_resumes(s3, photos, packed):
+    result = stoker.pack(photos, "s3://data/uploaded", shard_bytes=SMALL_SHARD, workers=2, progress=False,
+                         storage_options=s3.options)
+    assert result.dst == "s3://data/uploaded"
+    assert not any((cache_root() / "pack").iterdir())  # the local copy is gone once uploaded
+    there = stoker.ShardDataset("s3://data/uploaded", decode="raw", storage_options=s3.options)
+    here = stoker.ShardDataset(packed, decode="raw")
+    assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+    puts = s3.requests("PUT", "/data/uploaded/shard-")
+    assert puts == 2 * len(here.shards.manifest.shards)
+    stoker.pack(photos, "s3://data/uploaded", shard_bytes=SMALL_SHARD, workers=2, progress=False,
+                storage_options=s3.options)
+    assert s3.requests("PUT", "/data/uploaded/shard-") == puts  # every shard already there: none sent again

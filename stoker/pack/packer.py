@@ -10,6 +10,7 @@ the rest; a manifest only ever lists complete shards. The source is only read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -19,9 +20,10 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -46,6 +48,8 @@ from stoker.pack.destination import PackLock, check_destination, remove_leftover
 from stoker.pack.images import BadInput
 from stoker.pack.shard_job import CLASS_FIELD, ImageOptions, ShardJob, ShardRecord, load_sample, run_shard_job
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
+from stoker.storage.publish import publish
+from stoker.storage.remote import cache_root, is_url
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32
@@ -55,7 +59,7 @@ _REENCODE_SAMPLE = 32
 class PackResult:
     """Summary of a finished pack."""
 
-    dst: Path
+    dst: Path | str
     num_samples: int
     num_shards: int
     total_bytes: int
@@ -77,12 +81,25 @@ def pack(
     verify_decode: bool = False,
     strict: bool = False,
     progress: bool = True,
+    storage_options: dict[str, Any] | None = None,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
 
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
+
+    ``dst`` may be an fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to fsspec): the
+    data set is packed into a local folder under ``~/.cache/stoker/pack/`` (so a rerun resumes
+    there), uploaded with the manifest last, and the local copy removed once the upload is done.
     """
+    if is_url(dst):
+        local = cache_root() / "pack" / hashlib.sha256(str(dst).encode()).hexdigest()[:24]
+        result = pack(src, local, shard_bytes=shard_bytes, workers=workers, shuffle_seed=shuffle_seed,
+                      max_side=max_side, quality=quality, verify_decode=verify_decode, strict=strict,
+                      progress=progress)
+        publish(local, str(dst), storage_options=storage_options)
+        shutil.rmtree(local, ignore_errors=True)
+        return replace(result, dst=str(dst))
     started = time.perf_counter()
     source = open_source(src)
     dst = Path(dst)
