@@ -4,7 +4,6 @@ apart, so these rows show what the CPU side of each loader delivers)."""
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -12,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import torch.utils.data
-from PIL import Image
 from torch.utils.data import default_collate
 
 from stoker.data.dataset import ShardDataset
+from stoker.data.decode import decode_image
 from stoker.doctor.target import Target
 from stoker.errors import StokerError
 from stoker.loader import CropSpec, Loader
@@ -47,7 +46,7 @@ class SampledFiles(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         with open(str(self.paths[i]), "rb") as f:
-            image = Image.open(io.BytesIO(f.read())).convert("RGB")
+            image = decode_image(f.read(), "pil")
         return (self.transform(image) if self.transform is not None else image), 0
 
 
