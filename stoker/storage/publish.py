@@ -30,7 +30,7 @@ def publish(local: str | os.PathLike, url: str, *, storage_options: dict[str, An
     uploaded = 0
     for name in names:
         target = f"{root}/{name}"
-        if with_retries(f"{url}/{name}", lambda t=target: fs.exists(t) and fs.size(t), retries=retries,
+        if with_retries(f"{url}/{name}", lambda t=target: _size_or_none(fs, t), retries=retries,
                         backoff=backoff) == sizes[name]:
             continue
         with_retries(f"{url}/{name}", lambda n=name, t=target: fs.put_file(str(local / n), t), retries=retries,
@@ -42,3 +42,11 @@ def publish(local: str | os.PathLike, url: str, *, storage_options: dict[str, An
                          retries=retries, backoff=backoff)
             uploaded += 1
     return uploaded
+
+
+def _size_or_none(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
+    """The size of ``path``, or None where there is none yet: one request, not exists() then size()."""
+    try:
+        return fs.size(path)
+    except FileNotFoundError:
+        return None
