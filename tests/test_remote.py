@@ -39,7 +39,9 @@ def test_dataloader_workers_read_in_place(s3, remote, packed, context):
     there = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options)
     loader = torch.utils.data.DataLoader(there, batch_size=8, num_workers=2, multiprocessing_context=context,
                                          collate_fn=as_list)
+    manifests = s3.gets("/data/packed/stoker.json")
     got = [item for batch in loader for item in batch]
+    assert s3.gets("/data/packed/stoker.json") == manifests  # workers use the metadata the parent fetched
     here = stoker.ShardDataset(packed, decode="raw")
     assert got == [here[i] for i in range(len(here))]
 

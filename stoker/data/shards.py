@@ -224,11 +224,15 @@ class ShardSet:
     """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
 
     def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None) -> None:
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None,
+                 metadata: Path | None = None) -> None:
+        """``root``: a folder or an fsspec URL. ``metadata``: for a URL, the local folder its
+        manifest and indexes were already fetched into (how a pickled ShardSet reaches a worker
+        process without fetching them and checksumming every index again)."""
         self.source = root
         self.storage_options = storage_options
         self.remote = RemoteData(root, storage_options) if is_url(root) else None
-        self.root = self.remote.metadata() if self.remote else Path(root)
+        self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
         self.max_open_shards = max(1, max_open_shards)
@@ -313,7 +317,8 @@ class ShardSet:
 
     def __getstate__(self) -> dict:
         return {"root": self.source, "verify": self.verify, "block_bytes": self.block_bytes,
-                "max_open_shards": self.max_open_shards, "storage_options": self.storage_options}
+                "max_open_shards": self.max_open_shards, "storage_options": self.storage_options,
+                "metadata": self.root if self.remote else None}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
