@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import fcntl
-import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from stoker.errors import PackError
 from stoker.format import MANIFEST_NAME, REJECTED_NAME
 from stoker.format.layout import LOCK_NAME, WORK_DIR_NAME
 from stoker.pack.sources import Source
+from stoker.storage.locks import exclusive
 
 LOCK_WAIT_SECONDS = 10.0
 _OURS = {MANIFEST_NAME, REJECTED_NAME, WORK_DIR_NAME, LOCK_NAME}
@@ -47,30 +47,16 @@ def remove_leftovers(dst: Path, planned: Collection[str]) -> None:
             path.unlink(missing_ok=True)
 
 
-class PackLock:
+@contextmanager
+def pack_lock(dst: Path) -> Iterator[None]:
     """Held while a pack writes into ``dst``; a second pack waits for it, then gives up with PackError.
 
-    The lock file is never deleted (deleting it would let two packs hold "the" lock on two files).
     Worker processes inherit the lock, so it is released only when the pack's last process is
     gone: a rerun never races a worker orphaned by a killed pack (workers exit within a second of
     their parent).
     """
-
-    def __init__(self, dst: Path) -> None:
-        self._path = dst / LOCK_NAME
-
-    def __enter__(self) -> PackLock:
-        self._file = open(self._path, "w")
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        while True:
-            try:
-                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    self._file.close()
-                    raise PackError(f"{self._path.parent}: another stoker pack is writing here") from None
-                time.sleep(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        self._file.close()
+    try:
+        with exclusive(dst / LOCK_NAME, timeout=LOCK_WAIT_SECONDS):
+            yield
+    except TimeoutError:
+        raise PackError(f"{dst}: another stoker pack is writing here") from None

@@ -44,7 +44,7 @@ from stoker.format import (
 )
 from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack import plan
-from stoker.pack.destination import PackLock, check_destination, remove_leftovers
+from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.images import BadInput
 from stoker.pack.shard_job import CLASS_FIELD, ImageOptions, ShardJob, ShardRecord, load_sample, run_shard_job
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
@@ -110,7 +110,7 @@ def pack(
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options)}
     try:
         dst.mkdir(parents=True, exist_ok=True)
-        with PackLock(dst):
+        with pack_lock(dst):
             if (dst / MANIFEST_NAME).exists():  # finished earlier, or by the pack we waited for
                 return _existing_result(dst, plan_digest, started)
             work_dir = dst / WORK_DIR_NAME

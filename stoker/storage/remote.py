@@ -3,7 +3,9 @@
 Only the manifest and the indexes are fetched up front, into a local metadata folder (checked
 against the manifest's checksums, refetched when damaged, shared by every process on the node),
 so indexes are memory-mapped as for a local data set; shard bytes are read by range, one request
-per member. Picklable: a DataLoader worker re-creates the file system in its own process.
+per member, or whole files are downloaded (:meth:`RemoteData.download`, used by ``stoker stage``
+and the node cache). A local path works too (fsspec's local file system).
+Picklable: a DataLoader worker re-creates the file system in its own process.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from typing import Any
 
 import fsspec
 
-from stoker.format import MANIFEST_NAME, Manifest, file_checksum
+from stoker.errors import RemoteError
+from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.retry import with_retries
+
+_CHUNK = 8 << 20
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -32,13 +37,14 @@ def cache_root() -> Path:
 
 class RemoteData:
     """The data set at ``url``: :meth:`metadata` fetches its manifest and indexes, :meth:`read`
-    reads a range of one of its files. ``storage_options`` go to fsspec."""
+    reads a range of one of its files, :meth:`download` copies a whole one. ``storage_options`` go
+    to fsspec; failures raise ``error`` (a RemoteError) after ``retries`` (see :func:`with_retries`)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, retries: int = 5,
-                 backoff: float = 0.5) -> None:
+                 backoff: float = 0.5, error: type[RemoteError] = RemoteError) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.retries, self.backoff = retries, backoff
+        self.retries, self.backoff, self.error = retries, backoff, error
         self._fs: fsspec.AbstractFileSystem | None = None
         self._root = ""
         self._pid = 0
@@ -62,7 +68,34 @@ class RemoteData:
         transient errors; a RemoteError names the URL when it fails for good."""
         url = f"{self.url}/{name}"
         return with_retries(url, lambda: self._filesystem().cat_file(f"{self._root}/{name}", start=start, end=end),
-                            retries=self.retries, backoff=self.backoff)
+                            retries=self.retries, backoff=self.backoff, error=self.error)
+
+    def download(self, name: str, dst: Path, size: int, checksum: str, partial: Path) -> None:
+        """Copy the file ``name`` to ``dst``: streamed into ``partial`` (overwritten from its start;
+        a caller may have sized it beforehand to reserve the space), checked against ``size`` and
+        the manifest ``checksum`` while it streams, then renamed into place. A copy that does not
+        match counts as a transient error and is fetched again; ``partial`` is gone afterwards."""
+        url = f"{self.url}/{name}"
+        try:
+            with_retries(url, lambda: self._download_once(name, dst, size, checksum, partial, url),
+                         retries=self.retries, backoff=self.backoff, error=self.error)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def _download_once(self, name: str, dst: Path, size: int, checksum: str, partial: Path, url: str) -> None:
+        digest, written = FileChecksum(), 0
+        with self._filesystem().open(f"{self._root}/{name}", "rb", block_size=_CHUNK) as src, \
+                open(os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644), "wb") as out:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                written += out.write(chunk)
+            out.truncate(written)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != size or digest.hexdigest() != checksum:
+            raise self.error(f"{url}: the copy does not match the manifest ({written} of {size} bytes, "
+                             f"checksum {digest.hexdigest()} against {checksum})")
+        os.replace(partial, dst)
 
     def _filesystem(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():  # made again in a forked or spawned worker
@@ -72,7 +105,7 @@ class RemoteData:
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "storage_options": self.storage_options, "retries": self.retries,
-                "backoff": self.backoff}
+                "backoff": self.backoff, "error": self.error}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)

@@ -12,24 +12,22 @@ access, bad credentials) stop at once with the URL and the cause.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from tqdm import tqdm
 
 from stoker.errors import RemoteError
-from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum, write_manifest
+from stoker.format import MANIFEST_NAME, Manifest, file_checksum, write_manifest
 from stoker.format.layout import check_name
-from stoker.storage.retry import with_retries
+from stoker.storage.locks import exclusive
+from stoker.storage.remote import RemoteData
 
 STAGE_LOCK_NAME = ".stoker-stage.lock"
 _PARTIAL = ".stoker-partial-"
-_CHUNK = 8 << 20
 
 
 class StageError(RemoteError):
@@ -57,15 +55,13 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``, timeouts).
     """
     started = time.perf_counter()
-    fs, root = fsspec.core.url_to_fs(src, **(storage_options or {}))
+    source = RemoteData(src, storage_options, retries=retries, backoff=backoff, error=StageError)
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    with _locked(dst):
+    with exclusive(dst / STAGE_LOCK_NAME):
         _remove_partials(dst)
-        manifest_url = f"{src.rstrip('/')}/{MANIFEST_NAME}"
-        text = with_retries(manifest_url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"), retries=retries,
-                            backoff=backoff, error=StageError).decode("utf-8")
-        manifest = Manifest.from_json(text, manifest_url)
+        text = source.read(MANIFEST_NAME).decode("utf-8")
+        manifest = Manifest.from_json(text, f"{source.url}/{MANIFEST_NAME}")
         files = [(check_name(s.name), s.bytes, s.checksum) for s in manifest.shards]
         files += [(check_name(s.index), s.index_bytes, s.index_checksum) for s in manifest.shards]
         total = sum(size for _, size, _ in files)
@@ -75,34 +71,13 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
                 if _intact(dst / name, size, checksum, verify):
                     skipped += 1
                 else:
-                    url = f"{src.rstrip('/')}/{name}"
-                    with_retries(url, lambda n=name, s=size, c=checksum, u=url: _fetch(fs, f"{root}/{n}", dst, n, s, c, u),
-                                 retries=retries, backoff=backoff, error=StageError)
+                    source.download(name, dst / name, size, checksum, dst / f"{_PARTIAL}{os.getpid()}-{name}")
                     fetched += 1
                     fetched_bytes += size
                 bar.update(size)
         if not (dst / MANIFEST_NAME).is_file() or (dst / MANIFEST_NAME).read_text(encoding="utf-8") != text:
             write_manifest(dst, manifest)
     return StageResult(dst, fetched, skipped, fetched_bytes, time.perf_counter() - started)
-
-
-def _fetch(fs: fsspec.AbstractFileSystem, path: str, dst: Path, name: str, size: int, checksum: str, url: str) -> None:
-    """Stream ``path`` into ``dst/name`` through a temporary file, checking size and checksum."""
-    partial = dst / f"{_PARTIAL}{os.getpid()}-{name}"
-    digest, written = FileChecksum(), 0
-    try:
-        with fs.open(path, "rb", block_size=_CHUNK) as src, open(partial, "wb") as out:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                written += out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if written != size or digest.hexdigest() != checksum:
-            raise StageError(f"{url}: the copy does not match the manifest ({written} of {size} bytes, "
-                             f"checksum {digest.hexdigest()} against {checksum})")
-        os.replace(partial, dst / name)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _intact(path: Path, size: int, checksum: str, verify: bool) -> bool:
@@ -118,17 +93,3 @@ def _remove_partials(dst: Path) -> None:
     """Temporary files of a stage that was killed: never complete, never used."""
     for leftover in dst.glob(f"{_PARTIAL}*"):
         leftover.unlink(missing_ok=True)
-
-
-class _locked:
-    """An exclusive lock on ``dst`` for one stage at a time; another waits for it."""
-
-    def __init__(self, dst: Path) -> None:
-        self._path = dst / STAGE_LOCK_NAME
-
-    def __enter__(self) -> None:
-        self._file = open(self._path, "w")
-        fcntl.flock(self._file, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        self._file.close()
