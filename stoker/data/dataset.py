@@ -34,6 +34,15 @@ class ShardDataset(torch.utils.data.Dataset):
     ``path`` may be an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``https://``): the manifest
     and indexes are fetched once into a local metadata folder and each sample is read by range;
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``).
+
+    ``cache_dir`` (``/dev/shm/stoker``, a local SSD folder) keeps whole shards on the node, at
+    most ``cache_limit`` bytes (default: half the free space there), shared by every worker and
+    rank on the node: reads come from a cached copy once it is there. QuasiRandomSampler and
+    stoker.Loader stage shards into it ahead, in the order they will read them (``cache_ahead``
+    shards at most; default as far as the limit allows); with any other sampler a shard is
+    fetched whole on its first read while there is room. Works for a slow local disk as well as
+    a URL. When the limit holds only part of the data set, the sampler and Loader shuffle whole
+    shards instead of 8 MiB blocks, with as many open at once as fill half the limit.
     """
 
     def __init__(
@@ -49,6 +58,9 @@ class ShardDataset(torch.utils.data.Dataset):
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | None = None,
+        cache_ahead: int | None = None,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -61,7 +73,8 @@ class ShardDataset(torch.utils.data.Dataset):
         self.on_error = on_error
         self.skipped = 0
         self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards,
-                               storage_options=storage_options)
+                               storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
+                               cache_ahead=cache_ahead)
         schema = self.shards.manifest.schema
         if field is not None and field not in schema:
             raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")

@@ -48,6 +48,16 @@ def block_schedule(bounds: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, n
     return blocks[by_first], first[by_first]
 
 
+def shard_schedule(starts: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shards ``order`` reads (``starts``: first global sample of each shard, then the total),
+    sorted by where each is first needed, with those positions and where each is last needed."""
+    shard_of = np.searchsorted(starts, order, side="right") - 1
+    shards, first = np.unique(shard_of, return_index=True)
+    last = len(order) - 1 - np.unique(shard_of[::-1], return_index=True)[1]
+    by_first = np.argsort(first, kind="stable")
+    return shards[by_first], first[by_first], last[by_first]
+
+
 def rank_share(order: np.ndarray, rank: int, world: int, drop_last: bool) -> np.ndarray:
     """Rank ``rank``'s contiguous slice of ``order``; every rank gets the same length.
 

@@ -39,3 +39,31 @@ class BlockReadahead:
         order works on data already read while the disk reads the rest."""
         blocks = np.searchsorted(self.bounds, indices, side="right") - 1
         return np.lexsort((indices, self._hint_rank[blocks]))
+
+
+class Lookahead:
+    """Everything a reader does ahead of its order: with a node cache, a :class:`Stager` copies
+    whole shards into it; without one, :class:`BlockReadahead` hints blocks to the kernel (unless
+    ``hint_blocks`` is False: a fully random order would read each block for one sample).
+    Call :meth:`advance` as the order is consumed and :meth:`close` at the end."""
+
+    def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
+                 hint_blocks: bool = True) -> None:
+        self.stager = shards.stage_ahead(order)
+        self.blocks = BlockReadahead(shards, bounds, order, window) if hint_blocks and self.stager is None else None
+
+    def advance(self, position: int) -> None:
+        """The reader is about to read ``order[position:]``."""
+        if self.stager is not None:
+            self.stager.advance(position)
+        if self.blocks is not None:
+            self.blocks.advance(position)
+
+    def arrival_order(self, indices: np.ndarray) -> np.ndarray:
+        """Positions of ``indices`` in the order their bytes arrive (see :meth:`BlockReadahead.arrival_order`)."""
+        return self.blocks.arrival_order(indices) if self.blocks is not None else np.argsort(indices, kind="stable")
+
+    def close(self) -> None:
+        """Stop staging."""
+        if self.stager is not None:
+            self.stager.close()

@@ -10,7 +10,7 @@ import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
-from stoker.data.readahead import BlockReadahead
+from stoker.data.readahead import Lookahead
 
 _HINT_EVERY = 64
 
@@ -25,7 +25,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     With ``readahead`` (default) the sampler, which knows the order, asks the kernel to read each
     block (``posix_fadvise`` WILLNEED) about one window before its first sample is yielded, so the
     disk streams while the current window is consumed. The page cache is shared, so this helps
-    DataLoader workers in other processes too.
+    DataLoader workers in other processes too. With a node cache (``ShardDataset(cache_dir=...)``)
+    a stager copies whole shards into it in the order the sampler will need them instead.
     Mixing is weaker than a full shuffle when the pack kept samples sorted by class: pack with
     ``--shuffle-seed`` or raise ``window`` (see :func:`stoker.data.order.classes_per_batch`).
     """
@@ -52,7 +53,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"window must be at least 1, got {window}")
         self.shards = dataset.shards
         self.bounds = self.shards.block_bounds()
-        self.window = window
+        self.window = self.shards.open_blocks(window)
         self.seed = seed
         self.shuffle = shuffle
         self.num_replicas = num_replicas
@@ -76,11 +77,14 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         share = self.order()
-        readahead = BlockReadahead(self.shards, self.bounds, share, self.window) if self.readahead else None
-        for start in range(0, len(share), _HINT_EVERY):
-            if readahead is not None:
-                readahead.advance(start + _HINT_EVERY)
-            yield from share[start : start + _HINT_EVERY].tolist()
+        ahead = Lookahead(self.shards, self.bounds, share, self.window, hint_blocks=self.readahead)
+        try:
+            for start in range(0, len(share), _HINT_EVERY):
+                ahead.advance(start + _HINT_EVERY)
+                yield from share[start : start + _HINT_EVERY].tolist()
+            ahead.advance(len(share))
+        finally:
+            ahead.close()
 
     def __len__(self) -> int:
         n = self.total_samples

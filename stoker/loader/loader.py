@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
-from stoker.data.readahead import BlockReadahead
+from stoker.data.readahead import Lookahead
 from stoker.loader.batches import Batch, BatchMaker, SampleTransform
 from stoker.loader.crops import CropSpec
 
@@ -93,7 +93,6 @@ class Loader:
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
-        self.window = window
         self.layout = layout
         self.device = torch.device(device) if device is not None else None
         self.rank, self.world_size = _distributed(rank, world_size)
@@ -101,6 +100,7 @@ class Loader:
         self.mp_context = mp_context
         self.transform = transform
         self._bounds = dataset.shards.block_bounds()
+        self.window = dataset.shards.open_blocks(window)
         self.epoch = 0
         self._batches_done = 0
 
@@ -124,15 +124,14 @@ class Loader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         share = self._share(self.epoch)
-        readahead = None
-        if self.order != "random":  # whole blocks ahead of a fully random order would be read for one sample each
-            readahead = BlockReadahead(self.dataset.shards, self._bounds, share, self.window)
+        # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
+        ahead = Lookahead(self.dataset.shards, self._bounds, share, self.window, hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         maker = BatchMaker(self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
         make = self._in_processes if self.processes > 0 else self._in_threads
-        batches = make(maker, share, hints, readahead)
+        batches = make(maker, share, hints, ahead)
         try:
             for batch, (images, labels) in batches:
                 self._batches_done = batch + 1
@@ -141,23 +140,24 @@ class Loader:
         finally:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
+            ahead.close()
 
     def _in_threads(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
-                    readahead: BlockReadahead | None) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+                    ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
         """Batches made by a pool of threads, ``prefetch`` batches queued ahead of the consumer."""
         batches = iter(range(self._batches_done, len(self)))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         pending: deque[tuple[Batch, list[Future]]] = deque()
         try:
             for batch in batches:
-                pending.append(self._submit(maker, pool, hints, share, batch, readahead))
+                pending.append(self._submit(maker, pool, hints, share, batch, ahead))
                 if len(pending) >= self.prefetch:
                     break
             while pending:
                 batch, futures = pending.popleft()
                 next_batch = next(batches, None)
                 if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(maker, pool, hints, share, next_batch, readahead))
+                    pending.append(self._submit(maker, pool, hints, share, next_batch, ahead))
                 for future in futures:
                     future.result()
                 yield batch.number, maker.finish(batch)
@@ -168,18 +168,16 @@ class Loader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _in_processes(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
-                      readahead: BlockReadahead | None) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+                      ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
         numbers = range(self._batches_done, len(self))
-        ahead = self.prefetch * self.processes
-        if readahead is not None:
-            hints.submit(readahead.advance, self._batches_done * self.batch_size)
+        queued = self.prefetch * self.processes
+        hints.submit(ahead.advance, self._batches_done * self.batch_size)
         workers = DataLoader(_EpochBatches(maker, self.epoch, share, self.batch_size), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
                              multiprocessing_context=self.mp_context)
         for batch, made in zip(numbers, workers):
-            if readahead is not None:
-                hints.submit(readahead.advance, (batch + ahead) * self.batch_size)
+            hints.submit(ahead.advance, (batch + queued) * self.batch_size)
             yield batch, made
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
@@ -197,14 +195,13 @@ class Loader:
         return rank_share(order, self.rank, self.world_size, self.drop_last)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, share: np.ndarray, number: int,
-                readahead: BlockReadahead | None) -> tuple[Batch, list[Future]]:
+                ahead: Lookahead) -> tuple[Batch, list[Future]]:
         """Allocate batch ``number`` and queue its samples on the pool, split across the threads."""
-        if readahead is not None:
-            hints.submit(readahead.advance, number * self.batch_size)
+        hints.submit(ahead.advance, number * self.batch_size)
         batch = maker.start(self.epoch, number, share[number * self.batch_size : (number + 1) * self.batch_size])
         # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
         # cache all threads decode what has been read while the rest is read; the batch is the same.
-        ordered = readahead.arrival_order(batch.indices) if readahead is not None else np.argsort(batch.indices)
+        ordered = ahead.arrival_order(batch.indices)
         chunks = [ordered[t :: self.threads] for t in range(min(self.threads, len(ordered)))]
         return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks]
 

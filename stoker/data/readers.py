@@ -1,0 +1,309 @@
+"""Shard readers: one shard's index and bytes, read with ``pread`` from a local file, by range
+from an fsspec URL, or from the node cache once a copy is there.
+
+Each reader opens its file lazily and is thread-safe; a ShardSet keeps one per open shard per
+process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from stoker.errors import CorruptDataError, RemoteError
+from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
+from stoker.storage import willneed
+from stoker.storage.cache import ShardCache
+from stoker.storage.remote import RemoteData
+
+_RECENT_BLOCKS = 64
+# Blocks of a remote shard kept in memory per reader (8 MiB each by default).
+_REMOTE_BLOCKS = 4
+# A reader that found no room in the node cache reads from the source this long before it asks again.
+_CACHE_RETRY_SECONDS = 1.0
+
+
+class ShardReader:
+    """One shard: its index (memory-mapped) and a file descriptor, opened on the first read and
+    read with ``os.pread`` (thread-safe, no shared file position). Thread-safe: :meth:`close`
+    waits for reads in flight."""
+
+    def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int,
+                 index: ShardIndex | None = None) -> None:
+        """The shard ``entry`` in folder ``root``; ``index``: its index, already opened and checked
+        (for a second reader of the same shard), else read from ``root``."""
+        self.path = str(root / entry.name)
+        self.entry = entry
+        self.verify = verify
+        self.block_bytes = block_bytes
+        self.index = index if index is not None else _open_index(root, entry, verify)
+        self._fd: int | None = None
+        self._size = 0
+        self._users = 0
+        self._closing = False
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[int, bool] = OrderedDict()
+
+    def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
+        """The bytes of one member of sample ``local``, checked against the index checksum.
+
+        With ``into`` (a buffer the caller reuses) the member is read into it and a view of it is
+        returned, when it fits. Measured here, ``os.pread`` of a new 78 KB ``bytes`` costs ~47 us of
+        CPU (fresh heap pages fault on every call); reading into a reused buffer ~6 us."""
+        offset, size = int(member["offset"]), int(member["size"])
+        data = self._read(local, offset, size, into)
+        if len(data) != size:
+            raise CorruptDataError(self.path, self.index.key(local), f"short read: {len(data)} of {size} bytes")
+        if self.verify and member_checksum(data) != int(member["checksum"]):
+            field = self.index.fields[int(member["field"])]
+            raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
+        return data
+
+    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+        """``size`` bytes at ``offset`` of the shard file, into ``into`` when it fits."""
+        fd = self._acquire()
+        try:
+            if offset + size > self._size:
+                raise CorruptDataError(self.path, self.index.key(local),
+                                       f"shard truncated: member needs bytes {offset}-{offset + size}, "
+                                       f"file has {self._size}")
+            self._readahead(fd, offset)
+            if into is not None and len(into) >= size:
+                data = memoryview(into)[:size]
+                return data[: os.preadv(fd, [data], offset)]
+            return os.pread(fd, size, offset)
+        except OSError as e:
+            raise CorruptDataError(self.path, self.index.key(local), f"read failed: {e.strerror or e}") from None
+        finally:
+            self._release()
+
+    def readahead(self, first: int, last: int) -> None:
+        """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
+        start, end = self.index.span(first, last)
+        fd = self._acquire()
+        try:
+            willneed(fd, start, end - start)
+        finally:
+            self._release()
+
+    def close(self) -> None:
+        """Close the shard file now, or as soon as the reads in flight end."""
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self._close_fd()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close this process's copy of the descriptor, taking no lock."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _acquire(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                try:
+                    self._fd = os.open(self.path, os.O_RDONLY)
+                except OSError as e:
+                    raise CorruptDataError(self.path, None, f"cannot open shard: {e.strerror or e}") from None
+                self._size = os.fstat(self._fd).st_size
+                self._closing = False
+            self._users += 1
+            return self._fd
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._closing and self._users == 0:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _readahead(self, fd: int, offset: int) -> None:
+        """On the second read inside a block, ask the kernel to read the whole block in one go.
+
+        This helps any block-local order (sequential, a shuffled pack read in order), and costs
+        nothing under a fully random order, where a block is rarely touched twice in a row.
+        """
+        block = offset // self.block_bytes
+        with self._lock:
+            before = self._touch(block)
+        if before is False:
+            willneed(fd, block * self.block_bytes, self.block_bytes)
+
+    def _touch(self, block: int) -> bool | None:
+        """Record a read inside ``block`` (caller holds the lock) and return what the recent
+        history said before it: None (not read lately), False (read once), True (twice or more)."""
+        before = self._seen.get(block)
+        self._seen[block] = before is not None
+        self._seen.move_to_end(block)
+        if len(self._seen) > _RECENT_BLOCKS:
+            self._seen.popitem(last=False)
+        return before
+
+
+class RemoteShardReader(ShardReader):
+    """A shard at an fsspec URL: the index from the local metadata folder, members read by range.
+
+    As :meth:`ShardReader._readahead` does for a disk, a second read inside the same block
+    fetches the whole block in one request and keeps it in memory (the last ``_REMOTE_BLOCKS``
+    blocks per shard reader), so block-local orders (quasi-random, sequential) make one request
+    per block instead of one per sample; a fully random order still makes one per sample.
+    Measured on moto (localhost) a range request costs ~200 ms whatever its size.
+    """
+
+    def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int, remote: RemoteData) -> None:
+        super().__init__(root, entry, verify, block_bytes)
+        self.remote = remote
+        self.path = f"{remote.url}/{entry.name}"
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+
+    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+        block = offset // self.block_bytes
+        try:
+            data = self._from_block(block, offset, size)
+            if data is None:
+                data = self.remote.read(self.entry.name, offset, offset + size)
+        except RemoteError as e:
+            raise CorruptDataError(self.path, self.index.key(local), str(e)) from None
+        if into is not None and len(into) >= len(data):
+            into[: len(data)] = data
+            return memoryview(into)[: len(data)]
+        return data
+
+    def _from_block(self, block: int, offset: int, size: int) -> bytes | None:
+        """The member's bytes from a block in memory, fetching the block on its second touch; None
+        on a first touch (read just the member) or when the member crosses the block's end."""
+        start = block * self.block_bytes
+        if offset + size > start + self.block_bytes:
+            return None
+        with self._lock:
+            data = self._blocks.get(block)
+            if data is not None:
+                self._blocks.move_to_end(block)
+            before = self._touch(block)
+        if data is None and before is None:
+            return None
+        if data is None:
+            data = self.remote.read(self.entry.name, start, min(start + self.block_bytes, self.entry.bytes))
+            with self._lock:
+                self._blocks[block] = data
+                while len(self._blocks) > _REMOTE_BLOCKS:
+                    self._blocks.popitem(last=False)
+        return data[offset - start : offset - start + size]
+
+    def readahead(self, first: int, last: int) -> None:
+        """Nothing yet: blocks are fetched on their second touch (a node cache will fetch ahead)."""
+
+    def close(self) -> None:
+        """Drop the blocks held in memory."""
+        with self._lock:
+            self._blocks.clear()
+
+    def forget_after_fork(self) -> None:
+        """Nothing to forget: the file system is made again in the child."""
+
+
+class CachedShardReader(ShardReader):
+    """A shard with a node cache (:class:`ShardCache`): read from the cached copy once it is
+    there, from ``source`` (a local or remote reader of the same shard) until then.
+
+    A read of a shard that is not cached fetches it whole into the cache first when there is room
+    without evicting anything (so a random order fills the cache during the first epoch) or waits
+    while another process fetches it; with no room it reads from the source, and tries again a
+    while later. A copy evicted while open is noticed on the next read (its link count is 0) and
+    dropped, so its space is freed.
+    """
+
+    def __init__(self, source: ShardReader, cache: ShardCache, shard: int) -> None:
+        super().__init__(cache.folder, source.entry, source.verify, source.block_bytes, index=source.index)
+        self.source = source
+        self.cache = cache
+        self.shard = shard
+        self._retry_at = 0.0
+
+    def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
+        """As :meth:`ShardReader.read_member`; a cached copy found damaged is dropped and the member
+        read from the source instead."""
+        if not self._cached():
+            return self.source.read_member(local, member, into)
+        try:
+            return super().read_member(local, member, into)
+        except CorruptDataError:
+            if self.cache.ready(self.shard):
+                raise  # the copy matches the manifest: the source holds the same damage
+            self._drop()
+            return self.source.read_member(local, member, into)
+
+    def readahead(self, first: int, last: int) -> None:
+        """Hint the source's page cache while the shard is not cached (a cached copy is in RAM or on SSD)."""
+        if self._fd is None:
+            self.source.readahead(first, last)
+
+    def close(self) -> None:
+        """Close the cached copy and the source."""
+        super().close()
+        self.source.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: forget this process's descriptors of both."""
+        super().forget_after_fork()
+        self.source.forget_after_fork()
+
+    def _cached(self) -> bool:
+        """Whether reads go to the cached copy, opening it when it has just become usable."""
+        fd = self._fd
+        if fd is not None:
+            try:
+                if os.fstat(fd).st_nlink > 0:
+                    return True
+            except OSError:
+                pass
+            self._drop()  # evicted (or replaced by a fresh copy) while open
+        if time.monotonic() < self._retry_at:
+            return False
+        if self.cache.fetching(self.shard):
+            self.cache.wait(self.shard)
+        try:
+            usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)
+        except RemoteError as e:
+            raise CorruptDataError(self.source.path, None, str(e)) from None
+        if not usable:
+            self._retry_at = time.monotonic() + _CACHE_RETRY_SECONDS
+            return False
+        try:
+            self._acquire()
+            self._release()
+        except CorruptDataError:  # evicted between the check and the open
+            return False
+        self.cache.touch(self.shard)
+        return True
+
+    def _drop(self) -> None:
+        """Stop reading the cached copy: close it as soon as the reads in flight end."""
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self._close_fd()
+
+
+def _open_index(root: Path, entry: ShardEntry, verify: bool) -> ShardIndex:
+    """The index of shard ``entry``, checked against the manifest."""
+    index_path = root / entry.index
+    # Checked before it is parsed, and read with read(), not through the mapping: the pages
+    # stay in the shared page cache instead of counting in every worker's resident memory.
+    if verify and file_checksum(index_path) != entry.index_checksum:
+        raise CorruptDataError(str(index_path), None, "index checksum does not match the manifest")
+    index = ShardIndex.open(index_path)
+    if len(index) != entry.count or index.shard_bytes != entry.bytes:
+        raise CorruptDataError(str(index_path), None, f"index describes {len(index)} samples in "
+                               f"{index.shard_bytes} bytes, manifest says {entry.count} in {entry.bytes}")
+    return index

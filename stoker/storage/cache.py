@@ -1,0 +1,225 @@
+"""The node cache: whole shards of one data set copied to a fast local folder (``/dev/shm``, a local
+SSD), shared by every process on the node and kept within a byte budget.
+
+Layout of ``cache_dir/<data set id>/``::
+
+    shard-000003.tar            a complete copy, checked against the manifest checksum
+    .partial-shard-000004.tar   a copy being written, sized to the full shard up front
+    .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
+    .locks/shard-000004.tar     held (flock) while one process fetches that shard
+    .lock                       held while space is counted and reserved
+    source                      the data set this folder caches (for people)
+
+Every rule that keeps it correct across processes:
+
+- A shard is fetched by the process that holds its lock; another process wanting it waits for
+  the lock, then finds it there: each shard is fetched once per node.
+- Space is counted (the sizes of copies and partials) and a partial is sized to the whole shard
+  while holding ``.lock``, so the folder never holds more than ``limit`` bytes, even for a moment.
+- Eviction takes shards marked consumed first (their access time set to 0), then the least
+  recently used (access time), never a shard the caller still needs.
+- A copy is trusted while its ``.verified`` record matches its inode and modification time; any
+  write to it changes those, and it is checked again before use, and fetched again if damaged.
+- A killed process leaves at most a partial, which is removed by the next process that opens the
+  cache or fetches that shard; locks die with their holder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from stoker.format import ShardEntry, file_checksum
+from stoker.format.layout import atomic_write, check_name
+from stoker.storage.locks import exclusive, is_locked, wait_unlocked
+from stoker.storage.remote import RemoteData
+
+log = logging.getLogger("stoker.storage")
+
+_PARTIAL = ".partial-"
+
+
+class ShardCache:
+    """Node-local copies of the shards of the data set at ``source`` (a folder or an fsspec URL)
+    in ``cache_dir``, within ``limit`` bytes (default: half the space free there when first made).
+
+    Picklable (a DataLoader worker gets the folder, the limit and the source); every method may be
+    called from any thread or process on the node.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, source: str | os.PathLike, shards: list[ShardEntry],
+                 limit: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.source = source if isinstance(source, str) and "://" in source else str(Path(source).resolve())
+        self.shards = shards
+        self.storage_options = storage_options
+        self.origin = RemoteData(self.source, storage_options)
+        self.folder = self.cache_dir / hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        self._numbers = {check_name(entry.name): i for i, entry in enumerate(shards)}
+        for folder in (self.folder / ".locks", self.folder / ".verified"):
+            folder.mkdir(parents=True, exist_ok=True)
+        if not (self.folder / "source").is_file():
+            atomic_write(self.folder / "source", self.source.encode() + b"\n")
+        if limit is None:
+            limit = self.usage() + shutil.disk_usage(self.folder).free // 2
+        if limit < 0:
+            raise ValueError(f"cache_limit must be positive, got {limit}")
+        self.limit = int(limit)
+        self._remove_abandoned_partials()
+
+    @property
+    def holds_everything(self) -> bool:
+        """Whether the whole data set fits within the limit."""
+        return sum(entry.bytes for entry in self.shards) <= self.limit
+
+    def path(self, shard: int) -> Path:
+        """Where the copy of shard number ``shard`` lives (it may not be there)."""
+        return self.folder / self.shards[shard].name
+
+    def ready(self, shard: int) -> bool:
+        """Whether an intact copy of ``shard`` is there, checking it against the manifest
+        checksum if it changed since it was last checked (a damaged copy is removed)."""
+        entry = self.shards[shard]
+        path = self.folder / entry.name
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return False
+        record = f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size} {entry.checksum}"
+        marker = self.folder / ".verified" / entry.name
+        try:
+            if marker.read_text() == record:
+                return True
+        except FileNotFoundError:
+            pass
+        if stat.st_size == entry.bytes and file_checksum(path) == entry.checksum:
+            atomic_write(marker, record.encode())
+            return True
+        log.warning("%s: cached copy does not match the manifest; fetching it again", path)
+        with exclusive(self.folder / ".lock"):
+            if _inode(path) == stat.st_ino:  # not replaced by a fresh copy meanwhile
+                self._remove(entry.name)
+        return False
+
+    def fetching(self, shard: int) -> bool:
+        """Whether some process on the node is fetching ``shard`` right now."""
+        return is_locked(self._lock(shard))
+
+    def wait(self, shard: int) -> None:
+        """Return once no process is fetching ``shard``."""
+        wait_unlocked(self._lock(shard))
+
+    def fetch(self, shard: int, keep: Collection[int] | None = None) -> bool:
+        """Make sure an intact copy of ``shard`` is in the cache; True when it is.
+
+        When the budget is full, shards not in ``keep`` are evicted to make room (consumed
+        first, then least recently used); with ``keep=None`` nothing is evicted. False when
+        there is no room. Waits while another process fetches the same shard. Source errors
+        raise RemoteError after retries.
+        """
+        entry = self.shards[shard]
+        with exclusive(self._lock(shard)):
+            if self.ready(shard):
+                return True
+            partial = self.folder / f"{_PARTIAL}{entry.name}"
+            with exclusive(self.folder / ".lock"):
+                partial.unlink(missing_ok=True)
+                if not self._make_room(entry.bytes, keep):
+                    return False
+                with open(partial, "wb") as f:
+                    f.truncate(entry.bytes)  # reserves the space in the count before a byte arrives
+            self.origin.download(entry.name, self.folder / entry.name, entry.bytes, entry.checksum, partial)
+            self.ready(shard)
+            return True
+
+    def touch(self, shard: int) -> None:
+        """Record a use of ``shard`` (its access time), for least-recently-used eviction."""
+        self._set_atime(shard, None)
+
+    def consumed(self, shard: int) -> None:
+        """``shard`` will not be read again this epoch: it is the first to go when room is needed."""
+        self._set_atime(shard, 0)
+
+    def usage(self) -> int:
+        """Bytes of copies and partials in the cache now."""
+        return sum(size for _, size, _ in self._files())
+
+    def _make_room(self, need: int, keep: Collection[int] | None) -> bool:
+        files = self._files()
+        free = self.limit - sum(size for _, size, _ in files)
+        if free >= need:
+            return True
+        if keep is None:
+            return False
+        victims = sorted((atime, name, size) for name, size, atime in files
+                         if not name.startswith(_PARTIAL) and self._numbers.get(name) not in keep)
+        chosen = []
+        for _, name, size in victims:
+            if free >= need:
+                break
+            chosen.append(name)
+            free += size
+        if free < need:
+            return False
+        for name in chosen:
+            self._remove(name)
+        return True
+
+    def _files(self) -> list[tuple[str, int, int]]:
+        """(name, size, access time in ns) of every copy and partial."""
+        found = []
+        with os.scandir(self.folder) as entries:
+            for item in entries:
+                if item.name in self._numbers or item.name.startswith(_PARTIAL):
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        continue
+                    found.append((item.name, stat.st_size, stat.st_atime_ns))
+        return found
+
+    def _remove(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
+        (self.folder / ".verified" / name).unlink(missing_ok=True)
+
+    def _set_atime(self, shard: int, atime_ns: int | None) -> None:
+        path = self.path(shard)
+        try:
+            stat = path.stat()
+            when = atime_ns if atime_ns is not None else max(stat.st_atime_ns, time.time_ns())
+            os.utime(path, ns=(when, stat.st_mtime_ns))  # the modification time stays: it proves the copy intact
+        except FileNotFoundError:
+            pass
+
+    def _lock(self, shard: int) -> Path:
+        return self.folder / ".locks" / self.shards[shard].name
+
+    def _remove_abandoned_partials(self) -> None:
+        """Partials whose fetcher is gone (a killed process): nobody holds their shard's lock."""
+        for item in self.folder.glob(f"{_PARTIAL}*"):
+            name = item.name.removeprefix(_PARTIAL)
+            if name in self._numbers and not is_locked(self.folder / ".locks" / name):
+                with exclusive(self.folder / ".lock"):
+                    if not is_locked(self.folder / ".locks" / name):
+                        item.unlink(missing_ok=True)
+
+    def __getstate__(self) -> dict:
+        return {"cache_dir": self.cache_dir, "source": self.source, "shards": self.shards, "limit": self.limit,
+                "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,85 @@
+"""The stager: a thread that copies shards into the node cache in the order a reader will need
+them, ahead of the reader, within the cache's byte budget."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from stoker.errors import RemoteError
+from stoker.storage.cache import ShardCache
+
+log = logging.getLogger("stoker.storage")
+
+
+class Stager:
+    """Fetch ``shards`` (in the order they are first needed, at positions ``first``; each last
+    needed at ``last``) into ``cache`` while a reader walks the same order.
+
+    It fetches as far ahead as the budget allows (``ahead``: at most that many shards beyond the
+    ones already open). When the cache is full it evicts only shards this reader has finished
+    with or never needs, and marks each shard consumed once the reader is past its last
+    sample, so those go first. Call :meth:`advance` as the reader moves and :meth:`close` at the
+    end; an error from the source stops the staging (reads then go to the source and report it).
+    """
+
+    def __init__(self, cache: ShardCache, shards: np.ndarray, first: np.ndarray, last: np.ndarray,
+                 ahead: int | None = None) -> None:
+        self.cache = cache
+        self.shards, self.first, self.last = shards, first, last
+        self.ahead = ahead
+        self.error: RemoteError | None = None
+        self._position = 0
+        self._stopped = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="stoker-stager", daemon=True)
+        self._thread.start()
+
+    def advance(self, position: int) -> None:
+        """The reader is about to read the order from ``position`` on."""
+        with self._changed:
+            if position > self._position:
+                self._position = position
+                self._changed.notify()
+
+    def close(self) -> None:
+        """Stop staging (a fetch under way completes in the background)."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the thread has ended (every shard staged, or closed); True if it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        next_fetch, finished = 0, 0
+        by_last = np.argsort(self.last, kind="stable")
+        n = len(self.shards)
+        while True:
+            with self._changed:
+                stopped, position = self._stopped, self._position
+            while finished < n and self.last[by_last[finished]] < position:
+                self.cache.consumed(int(self.shards[by_last[finished]]))
+                finished += 1
+            if stopped or finished == n:
+                return
+            open_now = int(np.searchsorted(self.first, position, side="right"))
+            if next_fetch < n and (self.ahead is None or next_fetch < open_now + self.ahead):
+                wanted = self.shards[: next_fetch + 1]
+                keep = set(wanted[self.last[: next_fetch + 1] >= position].tolist())
+                try:
+                    fetched = self.cache.fetch(int(self.shards[next_fetch]), keep)
+                except RemoteError as e:
+                    log.warning("staging stopped: %s", e)
+                    self.error = e
+                    return
+                if fetched:
+                    next_fetch += 1
+                    continue
+            with self._changed:
+                if not self._stopped and self._position == position:
+                    self._changed.wait(timeout=0.5)

@@ -1,0 +1,230 @@
+"""The node cache (``cache_dir=``, ``cache_limit=``) and its stager, over a local folder and over
+a real S3-compatible server (moto, on localhost, in its own process): byte-exact reads through
+ShardDataset, DataLoader workers and stoker.Loader; the limit held while running; one fetch per
+shard across processes; damaged copies fetched again; a stopped server; a killed fetcher."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from queue import Empty
+
+import pytest
+import torch.utils.data
+
+import stoker
+from stoker.errors import CorruptDataError, RemoteError
+from stoker.format import file_checksum, read_manifest
+from stoker.storage.cache import ShardCache
+from stoker.storage.locks import exclusive
+from tests.s3server import S3Server
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Metadata folders under this test's tmp_path, not the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+def as_list(batch):
+    return list(batch)
+
+
+def shard_bytes(packed) -> list[int]:
+    return [entry.bytes for entry in read_manifest(packed).shards]
+
+
+def cached_copies(cache_dir) -> dict[str, bytes]:
+    """The complete shard copies in a cache folder, by name."""
+    return {p.name: p.read_bytes() for p in cache_dir.glob("*/shard-*.tar")}
+
+
+def read_with_sampler(dataset, context="fork", seed=0):
+    """Items in the order a QuasiRandomSampler gives, through a DataLoader with 2 workers, and that order."""
+    sampler = stoker.QuasiRandomSampler(dataset, seed=seed, window=2)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2,
+                                         multiprocessing_context=context, collate_fn=as_list)
+    order = sampler.order().tolist()
+    return [item for batch in loader for item in batch], order
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_local_data_through_a_cache_is_byte_exact_and_the_cache_fills(packed, tmp_path, context):
+    dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=tmp_path / "cache")
+    items, order = read_with_sampler(dataset, context)
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert items == [plain[i] for i in order]
+    assert cached_copies(tmp_path / "cache") == {p.name: p.read_bytes() for p in packed.glob("*.tar")}
+    again, order = read_with_sampler(dataset, context, seed=1)
+    assert again == [plain[i] for i in order]
+
+
+def test_remote_data_through_a_cache_fetches_each_shard_once(s3, remote, packed, tmp_path):
+    shards = len(shard_bytes(packed))
+    before = s3.gets(".tar")
+    dataset = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options, cache_dir=tmp_path / "cache")
+    items, order = read_with_sampler(dataset)
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert items == [plain[i] for i in order]
+    assert s3.gets(".tar") - before == shards  # whole shards, once each, no range reads
+    read_with_sampler(dataset, seed=1)
+    assert s3.gets(".tar") - before == shards  # the second epoch reads only the cache
+
+
+def test_loader_over_remote_data_with_a_cache(s3, remote, packed, tmp_path):
+    there = stoker.Loader(stoker.ShardDataset(remote, storage_options=s3.options, cache_dir=tmp_path / "cache"),
+                          16, seed=3, threads=2)
+    here = stoker.Loader(stoker.ShardDataset(packed), 16, seed=3, threads=2)
+    for _ in range(2):
+        for (a, la), (b, lb) in zip(there, here, strict=True):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    assert cached_copies(tmp_path / "cache") == {p.name: p.read_bytes() for p in packed.glob("*.tar")}
+
+
+def watch_usage(folder, stop, peaks):
+    """Record the bytes of shard copies and partial copies in the cache folder, as often as
+    possible, until ``stop``."""
+    while not stop.is_set():
+        total = 0
+        for path in [*folder.glob("shard-*"), *folder.glob(".partial-*")]:
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        peaks.append(total)
+
+
+@pytest.mark.parametrize("reader", ["loader", "dataloader"])
+def test_a_limit_smaller_than_the_data_set_is_never_exceeded(s3, remote, packed, tmp_path, reader):
+    sizes = shard_bytes(packed)
+    limit = 4 * max(sizes) + 100  # room for 4 of the shards
+    assert limit < sum(sizes) / 2
+    dataset = stoker.ShardDataset(remote, decode="raw" if reader == "dataloader" else "pil",
+                                  storage_options=s3.options, cache_dir=tmp_path / "cache", cache_limit=limit)
+    folder = dataset.shards.cache.folder
+    before = s3.gets(".tar")
+    stop, peaks = threading.Event(), []
+    watcher = threading.Thread(target=watch_usage, args=(folder, stop, peaks))
+    watcher.start()
+    try:
+        if reader == "loader":
+            loader = stoker.Loader(dataset, 8, seed=2, threads=2)
+            got = sorted(label for _, labels in loader for label in labels.tolist())
+            assert got == sorted(stoker.ShardDataset(packed).targets.tolist())
+        else:
+            items, order = read_with_sampler(dataset)
+            plain = stoker.ShardDataset(packed, decode="raw")
+            assert items == [plain[i] for i in order]
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(peaks) > 10 and max(peaks) <= limit
+    assert max(peaks) > 2 * max(sizes)  # the cache was used, not bypassed
+    assert s3.gets(".tar") - before >= len(sizes)  # shards left and came back in time
+    assert dataset.shards.open_blocks(16) == 2  # whole shards shuffled, two open: half of the limit
+
+
+def read_all_in_a_process(url, options, cache_dir, xdg, queue):
+    os.environ["XDG_CACHE_HOME"] = xdg
+    dataset = stoker.ShardDataset(url, decode="raw", storage_options=options, cache_dir=cache_dir)
+    queue.put([dataset[i] for i in range(len(dataset))])
+
+
+def test_two_processes_sharing_a_cache_fetch_each_shard_once(s3, remote, packed, tmp_path):
+    before = s3.gets(".tar")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    readers = [context.Process(target=read_all_in_a_process,
+                               args=(remote, s3.options, tmp_path / "cache", os.environ["XDG_CACHE_HOME"], queue))
+               for _ in range(2)]
+    for process in readers:
+        process.start()
+    results = []
+    while len(results) < len(readers):
+        try:
+            results.append(queue.get(timeout=1))
+        except Empty:
+            assert all(p.is_alive() for p in readers), "a reader process failed"
+    for process in readers:
+        process.join(timeout=30)
+    plain = stoker.ShardDataset(packed, decode="raw")
+    expected = [plain[i] for i in range(len(plain))]
+    assert results == [expected, expected]
+    assert s3.gets(".tar") - before == len(shard_bytes(packed))
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_damaged_cached_copy_is_fetched_again(s3, remote, packed, tmp_path, where):
+    source = packed if where == "local" else remote
+    options = s3.options if where == "remote" else None
+    dataset = stoker.ShardDataset(source, decode="raw", storage_options=options, cache_dir=tmp_path / "cache")
+    read_with_sampler(dataset)
+    victim = sorted((tmp_path / "cache").glob("*/shard-*.tar"))[1]
+    with open(victim, "r+b") as f:  # one bit flipped in place, as a failing disk or a stray write would
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0x10]))
+    before = s3.gets(f"/data/packed/{victim.name}")
+    fresh = stoker.ShardDataset(source, decode="raw", storage_options=options, cache_dir=tmp_path / "cache")
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert [fresh[i] for i in range(len(fresh))] == [plain[i] for i in range(len(plain))]
+    assert victim.read_bytes() == (packed / victim.name).read_bytes()
+    if where == "remote":
+        assert s3.gets(f"/data/packed/{victim.name}") == before + 1
+
+
+def hold_a_fetch_and_wait(cache, shard, ready):
+    """Stand-in for a process killed while fetching: it holds the shard's lock and left a partial."""
+    with exclusive(cache.folder / ".locks" / cache.shards[shard].name):
+        (cache.folder / f".partial-{cache.shards[shard].name}").write_bytes(b"\0" * 1000)
+        ready.set()
+        time.sleep(600)
+
+
+def test_a_killed_fetcher_leaves_nothing_that_blocks_the_next_run(packed, tmp_path):
+    cache = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    fetcher = context.Process(target=hold_a_fetch_and_wait, args=(cache, 0, ready))
+    fetcher.start()
+    assert ready.wait(30)
+    assert cache.fetching(0)
+    os.kill(fetcher.pid, signal.SIGKILL)
+    fetcher.join()
+    dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=tmp_path / "cache")
+    assert not list(dataset.shards.cache.folder.glob(".partial-*"))
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert [dataset[i] for i in range(len(dataset))] == [plain[i] for i in range(len(plain))]
+    assert file_checksum(cache.path(0)) == cache.shards[0].checksum
+
+
+def test_a_server_stopped_mid_epoch_gives_retries_then_a_clear_error(packed, tmp_path, caplog):
+    server = S3Server(tmp_path / "requests.log")
+    server.fs.mkdir("data")
+    server.fs.put(str(packed) + "/", "data/packed", recursive=True)
+    dataset = stoker.ShardDataset("s3://data/packed", decode="raw", storage_options=server.options,
+                                  cache_dir=tmp_path / "cache")
+    assert dataset[0]
+    server.stop()
+    start = time.monotonic()
+    with pytest.raises(CorruptDataError, match=r"s3://data/packed/shard-\d+\.tar: failed after 6 attempts"):
+        dataset[len(dataset) - 1]
+    assert time.monotonic() - start < 60
+    assert "retrying" in caplog.text
+
+
+def test_bad_credentials_for_a_reader_are_a_clear_error(packed, tmp_path):
+    server = S3Server(tmp_path / "requests.log", auth=True)
+    try:
+        server.fs.mkdir("data")
+        server.fs.put(str(packed) + "/", "data/packed", recursive=True)
+        assert stoker.ShardDataset("s3://data/packed", storage_options=server.options)
+        wrong = {**server.options, "key": "AKIAWRONGWRONGWRONG1", "secret": "wrong"}
+        with pytest.raises(RemoteError, match=r"s3://data/packed/stoker.json: access denied"):
+            stoker.ShardDataset("s3://data/packed", storage_options=wrong, cache_dir=tmp_path / "cache")
+    finally:
+        server.stop()
