@@ -19,7 +19,7 @@ import stoker
 from stoker.errors import CorruptDataError, RemoteError
 from stoker.format import file_checksum, read_manifest
 from stoker.storage.cache import ShardCache
-from stoker.storage.locks import exclusive
+from stoker.storage.locks import exclusive, is_locked
 from tests.s3server import S3Server
 
 
@@ -228,3 +228,21 @@ def test_bad_credentials_for_a_reader_are_a_clear_error(packed, tmp_path):
             stoker.ShardDataset("s3://data/packed", storage_options=wrong, cache_dir=tmp_path / "cache")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("inherit", [False, True])
+def test_a_forked_child_keeps_a_lock_only_when_asked(tmp_path, inherit):
+    """A DataLoader worker forked while the stager holds a shard's lock must not hold it for its whole
+    life; a pack's worker processes must (they keep the destination locked until the last is gone)."""
+    path = tmp_path / "lock"
+    with exclusive(path, inherit=inherit):
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+    try:
+        deadline = time.monotonic() + 5  # the child closes its copy as soon as it runs
+        while is_locked(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert is_locked(path) == inherit
+    finally:
+        child.kill()
+        child.join()

@@ -102,7 +102,7 @@ class ShardCache:
             atomic_write(marker, record.encode())
             return True
         log.warning("%s: cached copy does not match the manifest; fetching it again", path)
-        with exclusive(self.folder / ".lock"):
+        with exclusive(self.folder / ".lock", inherit=False):
             if _inode(path) == stat.st_ino:  # not replaced by a fresh copy meanwhile
                 self._remove(entry.name)
         return False
@@ -124,11 +124,11 @@ class ShardCache:
         raise RemoteError after retries.
         """
         entry = self.shards[shard]
-        with exclusive(self._lock(shard)):
+        with exclusive(self._lock(shard), inherit=False):
             if self.ready(shard):
                 return True
             partial = self.folder / f"{_PARTIAL}{entry.name}"
-            with exclusive(self.folder / ".lock"):
+            with exclusive(self.folder / ".lock", inherit=False):
                 partial.unlink(missing_ok=True)
                 if not self._make_room(entry.bytes, keep):
                     return False
@@ -205,7 +205,7 @@ class ShardCache:
         for item in self.folder.glob(f"{_PARTIAL}*"):
             name = item.name.removeprefix(_PARTIAL)
             if name in self._numbers and not is_locked(self.folder / ".locks" / name):
-                with exclusive(self.folder / ".lock"):
+                with exclusive(self.folder / ".lock", inherit=False):
                     if not is_locked(self.folder / ".locks" / name):
                         item.unlink(missing_ok=True)
 

@@ -1,31 +1,83 @@
 """File locks (``flock``) shared by every process on a node: released by the kernel when the
 holder exits or is killed, so a crash never leaves a lock behind.
 
+A forked child shares its parent's open files, and with them the parent's ``flock`` locks. That
+is wanted for a pack (its worker processes keep the destination locked until the last one is
+gone) and wrong for the node cache: a DataLoader worker forked while a stager thread holds a
+shard's lock would hold it for its whole life, and readers waiting for that shard would wait
+for it. Locks taken with ``inherit=False`` are therefore closed in every forked child.
+
 Lock files are never deleted: deleting one would let two processes hold "the" lock on two files.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# Descriptors of locks a forked child must not keep, and a lock that keeps fork() out of the
+# moment between opening one and recording it.
+_PRIVATE: set[int] = set()
+_OPENING = threading.Lock()
+
+
+def _before_fork() -> None:
+    _OPENING.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _OPENING.release()
+
+
+def _after_fork_in_child() -> None:
+    global _OPENING
+    for fd in _PRIVATE:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _PRIVATE.clear()
+    _OPENING = threading.Lock()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
 
 @contextmanager
-def exclusive(path: Path, timeout: float | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing) for the ``with`` block.
+def _lock_file(path: Path, inherit: bool) -> Iterator[int]:
+    """An open descriptor of ``path`` (created if missing), closed at the end of the block; with
+    ``inherit=False`` it is also closed in a child forked meanwhile."""
+    with _OPENING:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if not inherit:
+            _PRIVATE.add(fd)
+    try:
+        yield fd
+    finally:
+        if inherit or fd in _PRIVATE:  # in a forked child the descriptor is already closed
+            _PRIVATE.discard(fd)
+            os.close(fd)
+
+
+@contextmanager
+def exclusive(path: Path, timeout: float | None = None, inherit: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` for the ``with`` block.
 
     Waits for another holder; with ``timeout`` gives up after that many seconds with TimeoutError.
-    A forked child inherits the lock, which is released when the last process holding it is gone.
+    With ``inherit`` (default) a forked child shares the lock, which is released when the last
+    process holding it is gone; with ``inherit=False`` a forked child does not hold it.
     """
-    with open(path, "a") as f:
+    with _lock_file(path, inherit) as fd:
         if timeout is None:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         else:
             deadline = time.monotonic() + timeout
-            while not _try(f, fcntl.LOCK_EX):
+            while not _try(fd, fcntl.LOCK_EX):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{path}: held by another process for over {timeout:g} s")
                 time.sleep(0.1)
@@ -33,23 +85,20 @@ def exclusive(path: Path, timeout: float | None = None) -> Iterator[None]:
 
 
 def is_locked(path: Path) -> bool:
-    """Whether another process holds the exclusive lock on ``path`` right now."""
-    try:
-        with open(path, "a") as f:
-            return not _try(f, fcntl.LOCK_SH)
-    except FileNotFoundError:
-        return False
+    """Whether some process holds the exclusive lock on ``path`` right now."""
+    with _lock_file(path, inherit=False) as fd:
+        return not _try(fd, fcntl.LOCK_SH)
 
 
 def wait_unlocked(path: Path) -> None:
-    """Return once nobody holds the exclusive lock on ``path``."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_SH)
+    """Return once no process holds the exclusive lock on ``path``."""
+    with _lock_file(path, inherit=False) as fd:
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
-def _try(f, operation: int) -> bool:
+def _try(fd: int, operation: int) -> bool:
     try:
-        fcntl.flock(f, operation | fcntl.LOCK_NB)
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
