@@ -4,6 +4,8 @@ an object store that answers from far away, made from a local one (moto)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -45,3 +47,17 @@ class LatencyProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+def run_in_process(upstream_port: int, delay: float) -> tuple[subprocess.Popen, str]:
+    """Start a proxy in a process of its own (in the caller's process its threads would take the
+    GIL from the code being measured); returns the process and the proxy's URL."""
+    process = subprocess.Popen([sys.executable, __file__, str(upstream_port), str(delay)], stdout=subprocess.PIPE,
+                               text=True)
+    return process, process.stdout.readline().strip()
+
+
+if __name__ == "__main__":
+    proxy = LatencyProxy(int(sys.argv[1]), float(sys.argv[2]))
+    print(proxy.url, flush=True)
+    threading.Event().wait()

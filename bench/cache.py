@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch.utils.data
-from _latency_proxy import LatencyProxy
+from _latency_proxy import run_in_process
 
 import stoker
 from stoker.format import read_manifest
@@ -50,8 +50,7 @@ def packed_data(data: Path, count: int) -> Path:
 
 
 def evict_all(shards: Path) -> None:
-    for path in shards.iterdir():
-        evict(path)
+    evict(shards.iterdir())
 
 
 def warm_all(shards: Path) -> None:
@@ -61,7 +60,7 @@ def warm_all(shards: Path) -> None:
 
 def sequential_mb_s(path: Path) -> float:
     """MB/s of one cold read of ``path`` in 8 MiB pieces."""
-    evict(path)
+    evict([path])
     start = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.read(8 << 20):
@@ -69,19 +68,25 @@ def sequential_mb_s(path: Path) -> float:
     return path.stat().st_size / 1e6 / (time.perf_counter() - start)
 
 
-def loader_epochs(dataset: stoker.ShardDataset, epochs: int, batch: int = 256) -> tuple[list[float], float]:
-    """img/s of each epoch of one stoker.Loader, and seconds to its first batch."""
-    loader = stoker.Loader(dataset, batch, seed=0)
-    rates, first_batch = [], float("nan")
-    for epoch in range(epochs):
-        start = time.perf_counter()
-        n = 0
-        for images, _ in loader:
-            if epoch == 0 and n == 0:
-                first_batch = time.perf_counter() - start
-            n += len(images)
-        rates.append(n / (time.perf_counter() - start))
-    return rates, first_batch
+def timed_epoch(loader: stoker.Loader, step: float = 0.0) -> tuple[float, float, float]:
+    """One pass: seconds to the first batch, img/s over the pass, img/s after the first batch.
+    With ``step``, the loop sleeps that long per batch (a GPU step, leaving the cores to the loader)."""
+    start = time.perf_counter()
+    first = float("nan")
+    n = 0
+    for images, _ in loader:
+        if n == 0:
+            first = time.perf_counter() - start
+        n += len(images)
+        time.sleep(step)
+    elapsed = time.perf_counter() - start
+    return first, n / elapsed, (n - loader.batch_size) / (elapsed - first)
+
+
+def loader_epochs(dataset: stoker.ShardDataset, epochs: int, step: float = 0.0) -> list[tuple[float, float, float]]:
+    """:func:`timed_epoch` for ``epochs`` passes of one stoker.Loader (batches of 256)."""
+    loader = stoker.Loader(dataset, 256, seed=0)
+    return [timed_epoch(loader, step) for _ in range(epochs)]
 
 
 def raw_epoch_mb_s(dataset: stoker.ShardDataset) -> float:
@@ -109,10 +114,10 @@ def hdd(shards: Path, repeat: int) -> None:
         for _ in range(repeat):
             seq.append(statistics.median(sequential_mb_s(p) for p in names[:3]))
             evict_all(shards)
-            rates, _ = loader_epochs(stoker.ShardDataset(shards, cache_dir=fresh_cache(cache)), 3)
-            cached.append(rates)
+            epochs = loader_epochs(stoker.ShardDataset(shards, cache_dir=fresh_cache(cache)), 3)
+            cached.append([rate for _, rate, _ in epochs])
             warm_all(shards)
-            warm.append(statistics.median(loader_epochs(stoker.ShardDataset(shards), 2)[0]))
+            warm.append(statistics.median(rate for _, rate, _ in loader_epochs(stoker.ShardDataset(shards), 2)))
             evict_all(shards)
             half.append(raw_epoch_mb_s(stoker.ShardDataset(shards, decode="raw", cache_dir=fresh_cache(cache),
                                                            cache_limit=total // 2)))
@@ -137,34 +142,49 @@ def s3(shards: Path, repeat: int, delay: float) -> None:
     cache = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir="/dev/shm"))
     os.environ["XDG_CACHE_HOME"] = str(work / "xdg")
     server = S3Server(work / "requests.log")
+    proxy, url = run_in_process(server.port, delay)
     try:
         server.fs.mkdir("data")
         server.fs.put(str(shards) + "/", "data/ds", recursive=True)
-        proxy = LatencyProxy(server.port, delay)
-        options = {**server.options, "client_kwargs": {**server.options["client_kwargs"], "endpoint_url": proxy.url}}
-        remote, local, firsts = [], [], []
+        options = {**server.options, "client_kwargs": {**server.options["client_kwargs"], "endpoint_url": url}}
+        warm_all(shards)
+        step = 256 / (0.6 * statistics.median(rate for _, rate, _ in loader_epochs(stoker.ShardDataset(shards), 2)))
+        runs: dict[str, list] = {"opened": [], "remote": [], "local": [], "remote_paced": [], "local_paced": []}
         for _ in range(repeat):
             warm_all(shards)
-            local.append(loader_epochs(stoker.ShardDataset(shards), 2)[0])
-            start = time.perf_counter()
-            dataset = stoker.ShardDataset("s3://data/ds", storage_options=options, cache_dir=fresh_cache(cache))
-            opened = time.perf_counter() - start
-            rates, first = loader_epochs(dataset, 2)
-            remote.append(rates)
-            firsts.append((opened, first))
+            runs["local"].append(loader_epochs(stoker.ShardDataset(shards), 2))
+            runs["local_paced"].append(loader_epochs(stoker.ShardDataset(shards), 1, step)[0])
+            for paced in (False, True):
+                shutil.rmtree(work / "xdg", ignore_errors=True)
+                start = time.perf_counter()
+                dataset = stoker.ShardDataset("s3://data/ds", storage_options=options, cache_dir=fresh_cache(cache))
+                if paced:
+                    runs["remote_paced"].append(loader_epochs(dataset, 1, step)[0])
+                else:
+                    runs["opened"].append(time.perf_counter() - start)
+                    runs["remote"].append(loader_epochs(dataset, 2))
     finally:
+        proxy.kill()
         server.stop()
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     med = statistics.median
     print(f"object store: moto on localhost behind a proxy adding {delay * 1e3:.0f} ms per request; "
-          f"medians of {repeat} rounds")
-    print(f"open the data set (manifest + indexes): {med(o for o, _ in firsts):.2f} s; "
-          f"then first batch: {med(f for _, f in firsts):.2f} s")
+          f"medians of {repeat} rounds; img/s of the whole epoch, and after its first batch")
+    print(f"open the data set (manifest + indexes): {med(runs['opened']):.2f} s; "
+          f"then first batch: {med(r[0][0] for r in runs['remote']):.2f} s "
+          f"(local: {med(r[0][0] for r in runs['local']):.2f} s)")
+
+    def line(name: str, remote: list, local: list) -> None:
+        whole, after = med(r[1] for r in remote), med(r[2] for r in remote)
+        local_whole, local_after = med(r[1] for r in local), med(r[2] for r in local)
+        print(f"{name}: s3 + cache {whole:,.0f} / {after:,.0f} img/s   local disk (page cache warm) "
+              f"{local_whole:,.0f} / {local_after:,.0f}   ratio {whole / local_whole:.2f} / {after / local_after:.2f}")
+
     for epoch in range(2):
-        print(f"Loader, s3 + cache_dir=/dev/shm, epoch {epoch + 1}: {med(r[epoch] for r in remote):,.0f} img/s   "
-              f"local disk, page cache warm: {med(r[epoch] for r in local):,.0f} img/s   "
-              f"ratio {med(r[epoch] for r in remote) / med(r[epoch] for r in local):.2f}")
+        line(f"Loader epoch {epoch + 1}", [r[epoch] for r in runs["remote"]], [r[epoch] for r in runs["local"]])
+    line(f"epoch 1, loop paced by a {step * 1e3:.0f} ms step (60% of the local rate)", runs["remote_paced"],
+         runs["local_paced"])
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ SSD), shared by every process on the node and kept within a byte budget.
 Layout of ``cache_dir/<data set id>/``::
 
     shard-000003.tar            a complete copy, checked against the manifest checksum
-    .partial-shard-000004.tar   a copy being written, sized to the full shard up front
+    .partial-shard-000004.tar   a copy being written; counts as the whole shard from the start
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
     .lock                       held while space is counted and reserved
@@ -14,8 +14,9 @@ Every rule that keeps it correct across processes:
 
 - A shard is fetched by the process that holds its lock; another process wanting it waits for
   the lock, then finds it there: each shard is fetched once per node.
-- Space is counted (the sizes of copies and partials) and a partial is sized to the whole shard
-  while holding ``.lock``, so the folder never holds more than ``limit`` bytes, even for a moment.
+- Space is counted (copies, and partials as the whole shard they will be) and a partial is
+  created while holding ``.lock``, so the folder never holds more than ``limit`` bytes, even for
+  a moment.
 - Eviction takes shards marked consumed first (their access time set to 0), then the least
   recently used (access time), never a shard the caller still needs.
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
@@ -132,8 +133,7 @@ class ShardCache:
                 partial.unlink(missing_ok=True)
                 if not self._make_room(entry.bytes, keep):
                     return False
-                with open(partial, "wb") as f:
-                    f.truncate(entry.bytes)  # reserves the space in the count before a byte arrives
+                partial.touch()  # from now on its shard's size counts as used, before a byte arrives
             self.origin.download(entry.name, self.folder / entry.name, entry.bytes, entry.checksum, partial)
             self.ready(shard)
             return True
@@ -181,7 +181,11 @@ class ShardCache:
                         stat = item.stat()
                     except FileNotFoundError:
                         continue
-                    found.append((item.name, stat.st_size, stat.st_atime_ns))
+                    size = stat.st_size
+                    shard = self._numbers.get(item.name.removeprefix(_PARTIAL))
+                    if item.name.startswith(_PARTIAL) and shard is not None:  # reserved: the whole shard
+                        size = max(size, self.shards[shard].bytes)
+                    found.append((item.name, size, stat.st_atime_ns))
         return found
 
     def _remove(self, name: str) -> None:

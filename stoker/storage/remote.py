@@ -18,11 +18,12 @@ from typing import Any
 import fsspec
 
 from stoker.errors import RemoteError
-from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
+from stoker.format import MANIFEST_NAME, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.retry import with_retries
 
-_CHUNK = 8 << 20
+# Indexes fetched together in one concurrent batch.
+_BATCH = 64
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -55,11 +56,11 @@ class RemoteData:
         folder.mkdir(parents=True, exist_ok=True)
         text = self.read(MANIFEST_NAME).decode("utf-8")
         manifest = Manifest.from_json(text, f"{self.url}/{MANIFEST_NAME}")
-        for entry in manifest.shards:
-            path = folder / check_name(entry.index)
-            if not (path.is_file() and path.stat().st_size == entry.index_bytes
-                    and file_checksum(path) == entry.index_checksum):
-                atomic_write(path, self.read(entry.index))
+        missing = [entry.index for entry in manifest.shards if not _intact(folder / check_name(entry.index),
+                                                                           entry.index_bytes, entry.index_checksum)]
+        for start in range(0, len(missing), _BATCH):
+            for name, data in self.read_many(missing[start : start + _BATCH]).items():
+                atomic_write(folder / name, data)
         atomic_write(folder / MANIFEST_NAME, text.encode("utf-8"))
         return folder
 
@@ -70,11 +71,22 @@ class RemoteData:
         return with_retries(url, lambda: self._filesystem().cat_file(f"{self._root}/{name}", start=start, end=end),
                             retries=self.retries, backoff=self.backoff, error=self.error)
 
+    def read_many(self, names: list[str]) -> dict[str, bytes]:
+        """Every file in ``names``, whole, by name: fetched concurrently where the file system can
+        (s3fs, gcsfs: one round trip's latency for all instead of one per file)."""
+        if not names:
+            return {}
+        paths = {f"{self._root}/{name}": name for name in names}
+        label = f"{self.url}/{names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+        found = with_retries(label, lambda: self._filesystem().cat(list(paths), on_error="raise"),
+                             retries=self.retries, backoff=self.backoff, error=self.error)
+        return {paths[path]: data for path, data in found.items()}
+
     def download(self, name: str, dst: Path, size: int, checksum: str, partial: Path) -> None:
-        """Copy the file ``name`` to ``dst``: streamed into ``partial`` (overwritten from its start;
-        a caller may have sized it beforehand to reserve the space), checked against ``size`` and
-        the manifest ``checksum`` while it streams, then renamed into place. A copy that does not
-        match counts as a transient error and is fetched again; ``partial`` is gone afterwards."""
+        """Copy the file ``name`` to ``dst``: downloaded into ``partial`` in one streamed request,
+        checked against ``size`` and the manifest ``checksum``, then renamed into place. A copy
+        that does not match counts as a transient error and is fetched again; ``partial`` is gone
+        afterwards."""
         url = f"{self.url}/{name}"
         try:
             with_retries(url, lambda: self._download_once(name, dst, size, checksum, partial, url),
@@ -83,18 +95,16 @@ class RemoteData:
             partial.unlink(missing_ok=True)
 
     def _download_once(self, name: str, dst: Path, size: int, checksum: str, partial: Path, url: str) -> None:
-        digest, written = FileChecksum(), 0
-        with self._filesystem().open(f"{self._root}/{name}", "rb", block_size=_CHUNK) as src, \
-                open(os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644), "wb") as out:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                written += out.write(chunk)
-            out.truncate(written)
-            out.flush()
-            os.fsync(out.fileno())
-        if written != size or digest.hexdigest() != checksum:
+        # One streamed GET per file: measured on moto behind a 50 ms proxy, 274-322 MB/s against
+        # 105 MB/s reading the same file through fsspec's file object in 8 MiB ranged requests.
+        self._filesystem().get_file(f"{self._root}/{name}", str(partial))
+        with open(partial, "rb+") as f:
+            os.fsync(f.fileno())
+        written = partial.stat().st_size
+        found = file_checksum(partial) if written == size else "not computed"
+        if written != size or found != checksum:
             raise self.error(f"{url}: the copy does not match the manifest ({written} of {size} bytes, "
-                             f"checksum {digest.hexdigest()} against {checksum})")
+                             f"checksum {found} against {checksum})")
         os.replace(partial, dst)
 
     def _filesystem(self) -> fsspec.AbstractFileSystem:
@@ -109,3 +119,8 @@ class RemoteData:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
+
+
+def _intact(path: Path, size: int, checksum: str) -> bool:
+    return path.is_file() and path.stat().st_size == size and file_checksum(path) == checksum
+
