@@ -74,9 +74,10 @@ def test_remote_data_through_a_cache_fetches_each_shard_once(s3, remote, packed,
     assert s3.gets(".tar") - before == shards  # the second epoch reads only the cache
 
 
-def test_loader_over_remote_data_with_a_cache(s3, remote, packed, tmp_path):
+@pytest.mark.parametrize("processes", [0, 2])
+def test_loader_over_remote_data_with_a_cache(s3, remote, packed, tmp_path, processes):
     there = stoker.Loader(stoker.ShardDataset(remote, storage_options=s3.options, cache_dir=tmp_path / "cache"),
-                          16, seed=3, threads=2)
+                          16, seed=3, threads=2, processes=processes, mp_context="fork")
     here = stoker.Loader(stoker.ShardDataset(packed), 16, seed=3, threads=2)
     for _ in range(2):
         for (a, la), (b, lb) in zip(there, here, strict=True):
