@@ -216,10 +216,11 @@ class CachedShardReader(ShardReader):
     """A shard with a node cache (:class:`ShardCache`): read from the cached copy once it is
     there, from ``source`` (a local or remote reader of the same shard) until then.
 
-    A read of a shard that is not cached fetches it whole into the cache first when there is room
-    without evicting anything (so a random order fills the cache during the first epoch) or waits
-    while another process fetches it; with no room it reads from the source, and tries again a
-    while later. A copy evicted while open is noticed on the next read (its link count is 0) and
+    A read of a shard that is not cached waits while another process fetches it, or fetches it
+    whole into the cache itself when there is room, evicting only shards a stager marked consumed
+    (so a random order fills the cache during the first epoch, and a reader that overtook the
+    stager reads whole shards, not single samples); with no room it reads from the source, and
+    tries again a while later. A copy evicted while open is noticed on the next read (its link count is 0) and
     dropped, so its space is freed.
     """
 

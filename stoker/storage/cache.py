@@ -6,6 +6,7 @@ Layout of ``cache_dir/<data set id>/``::
     shard-000003.tar            a complete copy, checked against the manifest checksum
     .partial-shard-000004.tar   a copy being written; counts as the whole shard from the start
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
+    .consumed/shard-000002.tar  the reader that staged it is done with it this epoch
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
     .lock                       held while space is counted and reserved
     source                      the data set this folder caches (for people)
@@ -17,8 +18,8 @@ Every rule that keeps it correct across processes:
 - Space is counted (copies, and partials as the whole shard they will be) and a partial is
   created while holding ``.lock``, so the folder never holds more than ``limit`` bytes, even for
   a moment.
-- Eviction takes shards marked consumed first (their access time set to 0), then the least
-  recently used (access time), never a shard the caller still needs.
+- A stager evicts shards marked consumed first, then the least recently used (access time),
+  never a shard it still needs; a reader fetching a shard on its own evicts only consumed ones.
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
   write to it changes those, and it is checked again before use, and fetched again if damaged.
 - A killed process leaves at most a partial, which is removed by the next process that opens the
@@ -63,7 +64,7 @@ class ShardCache:
         self.origin = RemoteData(self.source, storage_options)
         self.folder = self.cache_dir / hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self._numbers = {check_name(entry.name): i for i, entry in enumerate(shards)}
-        for folder in (self.folder / ".locks", self.folder / ".verified"):
+        for folder in (self.folder / ".locks", self.folder / ".verified", self.folder / ".consumed"):
             folder.mkdir(parents=True, exist_ok=True)
         if not (self.folder / "source").is_file():
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
@@ -92,15 +93,13 @@ class ShardCache:
             stat = path.stat()
         except FileNotFoundError:
             return False
-        record = f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size} {entry.checksum}"
-        marker = self.folder / ".verified" / entry.name
         try:
-            if marker.read_text() == record:
+            if self._marker("verified", shard).read_text() == self._record(shard, stat):
                 return True
         except FileNotFoundError:
             pass
         if stat.st_size == entry.bytes and file_checksum(path) == entry.checksum:
-            atomic_write(marker, record.encode())
+            self._verified(shard, stat)
             return True
         log.warning("%s: cached copy does not match the manifest; fetching it again", path)
         with exclusive(self.folder / ".lock", inherit=False):
@@ -120,13 +119,14 @@ class ShardCache:
         """Make sure an intact copy of ``shard`` is in the cache; True when it is.
 
         When the budget is full, shards not in ``keep`` are evicted to make room (consumed
-        first, then least recently used); with ``keep=None`` nothing is evicted. False when
-        there is no room. Waits while another process fetches the same shard. Source errors
-        raise RemoteError after retries.
+        first, then least recently used); with ``keep=None`` only shards marked consumed are.
+        False when there is no room. Waits while another process fetches the same shard. Source
+        errors raise RemoteError after retries.
         """
         entry = self.shards[shard]
         with exclusive(self._lock(shard), inherit=False):
             if self.ready(shard):
+                self._marker("consumed", shard).unlink(missing_ok=True)  # needed again
                 return True
             partial = self.folder / f"{_PARTIAL}{entry.name}"
             with exclusive(self.folder / ".lock", inherit=False):
@@ -135,16 +135,24 @@ class ShardCache:
                     return False
                 partial.touch()  # from now on its shard's size counts as used, before a byte arrives
             self.origin.download(entry.name, self.folder / entry.name, entry.bytes, entry.checksum, partial)
-            self.ready(shard)
+            self._marker("consumed", shard).unlink(missing_ok=True)
+            self._verified(shard, self.path(shard).stat())  # download() checked it as it arrived
             return True
 
     def touch(self, shard: int) -> None:
         """Record a use of ``shard`` (its access time), for least-recently-used eviction."""
-        self._set_atime(shard, None)
+        path = self.path(shard)
+        try:
+            stat = path.stat()
+            # The modification time stays: the .verified record names it.
+            os.utime(path, ns=(max(stat.st_atime_ns, time.time_ns()), stat.st_mtime_ns))
+        except FileNotFoundError:
+            pass
 
     def consumed(self, shard: int) -> None:
         """``shard`` will not be read again this epoch: it is the first to go when room is needed."""
-        self._set_atime(shard, 0)
+        if self.path(shard).exists():
+            self._marker("consumed", shard).touch()
 
     def usage(self) -> int:
         """Bytes of copies and partials in the cache now."""
@@ -155,12 +163,12 @@ class ShardCache:
         free = self.limit - sum(size for _, size, _ in files)
         if free >= need:
             return True
-        if keep is None:
-            return False
-        victims = sorted((atime, name, size) for name, size, atime in files
-                         if not name.startswith(_PARTIAL) and self._numbers.get(name) not in keep)
+        consumed = set(os.listdir(self.folder / ".consumed"))
+        victims = sorted((name not in consumed, atime, name, size) for name, size, atime in files
+                         if not name.startswith(_PARTIAL) and (name in consumed if keep is None
+                                                               else self._numbers.get(name) not in keep))
         chosen = []
-        for _, name, size in victims:
+        for _, _, name, size in victims:
             if free >= need:
                 break
             chosen.append(name)
@@ -191,15 +199,17 @@ class ShardCache:
     def _remove(self, name: str) -> None:
         (self.folder / name).unlink(missing_ok=True)
         (self.folder / ".verified" / name).unlink(missing_ok=True)
+        (self.folder / ".consumed" / name).unlink(missing_ok=True)
 
-    def _set_atime(self, shard: int, atime_ns: int | None) -> None:
-        path = self.path(shard)
-        try:
-            stat = path.stat()
-            when = atime_ns if atime_ns is not None else max(stat.st_atime_ns, time.time_ns())
-            os.utime(path, ns=(when, stat.st_mtime_ns))  # the modification time stays: it proves the copy intact
-        except FileNotFoundError:
-            pass
+    def _record(self, shard: int, stat: os.stat_result) -> str:
+        """What the .verified record of a copy says: any write to the copy changes it."""
+        return f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size} {self.shards[shard].checksum}"
+
+    def _verified(self, shard: int, stat: os.stat_result) -> None:
+        atomic_write(self._marker("verified", shard), self._record(shard, stat).encode())
+
+    def _marker(self, kind: str, shard: int) -> Path:
+        return self.folder / f".{kind}" / self.shards[shard].name
 
     def _lock(self, shard: int) -> Path:
         return self.folder / ".locks" / self.shards[shard].name
