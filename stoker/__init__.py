@@ -6,6 +6,7 @@
     Loader(dataset, B)   ──>  (images, labels) batches decoded and cropped by threads
     doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
     watch(loader)        ──>  per-step data wait against step time, inside a training loop
+    echo(loader)         ──>  batches from data already in memory while the input pipeline lags
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 from stoker.data.dataset import ShardDataset
 from stoker.data.sampler import QuasiRandomSampler
 from stoker.doctor import DoctorReport, doctor, watch
+from stoker.echo import EchoStats, echo
 from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
 from stoker.loader import CropSpec, Loader
 from stoker.pack import PackResult, pack
@@ -23,6 +25,7 @@ __all__ = [
     "CorruptDataError",
     "CropSpec",
     "DoctorReport",
+    "EchoStats",
     "FormatError",
     "Loader",
     "PackError",
@@ -32,6 +35,7 @@ __all__ = [
     "StokerError",
     "__version__",
     "doctor",
+    "echo",
     "pack",
     "watch",
 ]

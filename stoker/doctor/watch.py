@@ -127,7 +127,8 @@ class Watched(Generic[T]):
         self._log(f"stoker.watch: steps {first}-{first + n - 1}: data wait {100 * s.data_wait_fraction:.1f}% "
                   f"({s.wait_s * ms:.1f} ms/step of {(s.wait_s + s.step_s) * ms:.1f}), {s.batches_per_s:.1f} batches/s, "
                   f"{s.stalls} stall{'' if s.stalls == 1 else 's'} > {self._stall * 1e3:g} ms "
-                  f"(max {s.max_wait_s * 1e3:.0f} ms at step {first + int(self._wait[:n].argmax())})")
+                  f"(max {s.max_wait_s * 1e3:.0f} ms at step {first + int(self._wait[:n].argmax())})"
+                  + (f"; {note()}" if (note := getattr(self.loader, "watch_note", None)) else ""))
         self._done = _plus(self._done, s)
         self._write()
         self._first, self._n, self._written = first + n, 0, 0
@@ -155,7 +156,8 @@ def watch(loader: Iterable[T], every: int = 100, *, stall: float = 0.1, timeline
 
     Every ``every`` steps one line goes to ``log`` (default: logger "stoker.watch" at INFO; pass
     ``print`` to see it without configuring logging): the share of time spent waiting, ms per
-    step, batches/s, and the waits longer than ``stall`` seconds. ``timeline`` (.csv or .jsonl)
+    step, batches/s, and the waits longer than ``stall`` seconds, plus the wrapped loader's own
+    ``watch_note()`` when it has one (:func:`stoker.echo` reports its echoes so). ``timeline`` (.csv or .jsonl)
     receives one row per step: step, start (s since this call), wait_s, step_s; it is
     flushed every window and completed when the loop ends, breaks or raises.
     """
