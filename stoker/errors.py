@@ -49,3 +49,8 @@ class TransformError(StokerError):
 class RemoteError(StokerError):
     """Remote storage failed for good: a missing object or bucket, denied access, or transient
     errors that outlasted every retry. The message names the URL and the cause."""
+
+
+class LocalWriteError(StokerError):
+    """A local copy (the node cache, a stage destination) could not be written: a full disk, a
+    read-only or missing folder. Never retried, and never blamed on the source."""

@@ -98,6 +98,62 @@ def watch_usage(folder, stop, peaks):
         peaks.append(total)
 
 
+def deleted_copies_open(folder) -> list[str]:
+    """This process's open descriptors of files under ``folder`` that were deleted (evicted)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return [link for link in links if link.startswith(str(folder)) and link.endswith("(deleted)")]
+
+
+def test_evicted_copies_do_not_stay_open(packed, tmp_path):
+    sizes = shard_bytes(packed)
+    dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=tmp_path / "cache", cache_limit=4 * max(sizes) + 100)
+    loader = stoker.Loader(stoker.ShardDataset(packed, cache_dir=tmp_path / "cache", cache_limit=4 * max(sizes) + 100),
+                           8, threads=2)
+    for _ in loader:
+        pass
+    folder = loader.dataset.shards.cache.folder
+    time.sleep(1.1)
+    loader.dataset.shards.reader(0)  # any read sweeps the open copies at most once a second
+    assert deleted_copies_open(folder) == []
+    assert dataset.shards.cache.limit == loader.dataset.shards.cache.limit
+
+
+def test_the_default_limit_is_fixed_when_the_folder_is_made(packed, tmp_path):
+    first = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    (tmp_path / "cache" / "filler").write_bytes(b"\0" * (1 << 20))  # free space changes
+    again = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    assert again.limit == first.limit and not again.holds_part  # and the order ignores it
+    small = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards, limit=1000)
+    assert small.holds_part
+
+
+def read_with_a_file_size_limit(packed, cache_dir, queue):
+    """A process whose files may not grow past 100 KB: every copy into the cache fails to write."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=cache_dir)
+    queue.put([dataset[i] for i in range(len(dataset))])
+
+
+def test_a_cache_that_cannot_be_written_falls_back_to_the_source(packed, tmp_path, caplog):
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    reader = context.Process(target=read_with_a_file_size_limit, args=(packed, tmp_path / "cache", queue))
+    reader.start()
+    items = queue.get(timeout=60)
+    reader.join(30)
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert items == [plain[i] for i in range(len(plain))]
+    assert not list((tmp_path / "cache").glob("*/shard-*.tar"))
+
+
 @pytest.mark.parametrize("reader", ["loader", "dataloader"])
 def test_a_limit_smaller_than_the_data_set_is_never_exceeded(s3, remote, packed, tmp_path, reader):
     sizes = shard_bytes(packed)
@@ -193,7 +249,7 @@ def test_a_killed_fetcher_leaves_nothing_that_blocks_the_next_run(packed, tmp_pa
     fetcher = context.Process(target=hold_a_fetch_and_wait, args=(cache, 0, ready))
     fetcher.start()
     assert ready.wait(30)
-    assert cache.fetching(0)
+    assert is_locked(cache.folder / ".locks" / cache.shards[0].name)
     os.kill(fetcher.pid, signal.SIGKILL)
     fetcher.join()
     dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=tmp_path / "cache")

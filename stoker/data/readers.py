@@ -216,12 +216,13 @@ class CachedShardReader(ShardReader):
     """A shard with a node cache (:class:`ShardCache`): read from the cached copy once it is
     there, from ``source`` (a local or remote reader of the same shard) until then.
 
-    A read of a shard that is not cached waits while another process fetches it, or fetches it
-    whole into the cache itself when there is room, evicting only shards a stager marked consumed
-    (so a random order fills the cache during the first epoch, and a reader that overtook the
-    stager reads whole shards, not single samples); with no room it reads from the source, and
-    tries again a while later. A copy evicted while open is noticed on the next read (its link count is 0) and
-    dropped, so its space is freed.
+    A read of a shard that is not cached fetches it whole into the cache first (waiting while
+    another process fetches it), when there is room evicting only shards a stager marked
+    consumed: so a random order fills the cache during the first epoch, and a reader that
+    overtook the stager reads whole shards, not single samples. With no room it reads from the
+    source, and asks again a second later. A copy evicted while open keeps its space until it is
+    closed: the next read of it notices (its link count is 0), and the ShardSet sweeps every open
+    copy once a second.
     """
 
     def __init__(self, source: ShardReader, cache: ShardCache, shard: int) -> None:
@@ -239,9 +240,9 @@ class CachedShardReader(ShardReader):
         try:
             return super().read_member(local, member, into)
         except CorruptDataError:
-            if self.cache.ready(self.shard):
+            if self.cache.ready(self.shard, recheck=True):
                 raise  # the copy matches the manifest: the source holds the same damage
-            self._drop()
+            ShardReader.close(self)
             return self.source.read_member(local, member, into)
 
     def readahead(self, first: int, last: int) -> None:
@@ -259,20 +260,26 @@ class CachedShardReader(ShardReader):
         super().forget_after_fork()
         self.source.forget_after_fork()
 
-    def _cached(self) -> bool:
-        """Whether reads go to the cached copy, opening it when it has just become usable."""
+    def release_evicted(self) -> bool:
+        """Close the cached copy if it was evicted (or replaced) while open, so its space is freed;
+        True when a copy is open and still in the cache."""
         fd = self._fd
-        if fd is not None:
-            try:
-                if os.fstat(fd).st_nlink > 0:
-                    return True
-            except OSError:
-                pass
-            self._drop()  # evicted (or replaced by a fresh copy) while open
+        if fd is None:
+            return False
+        try:
+            if os.fstat(fd).st_nlink > 0:
+                return True
+        except OSError:
+            pass
+        ShardReader.close(self)  # the copy only: the source stays open
+        return False
+
+    def _cached(self) -> bool:
+        """Whether reads go to the cached copy, fetching it or opening it when it is usable."""
+        if self.release_evicted():
+            return True
         if time.monotonic() < self._retry_at:
             return False
-        if self.cache.fetching(self.shard):
-            self.cache.wait(self.shard)
         try:
             usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)
         except RemoteError as e:
@@ -287,13 +294,6 @@ class CachedShardReader(ShardReader):
             return False
         self.cache.touch(self.shard)
         return True
-
-    def _drop(self) -> None:
-        """Stop reading the cached copy: close it as soon as the reads in flight end."""
-        with self._lock:
-            self._closing = True
-            if self._users == 0:
-                self._close_fd()
 
 
 def _open_index(root: Path, entry: ShardEntry, verify: bool) -> ShardIndex:

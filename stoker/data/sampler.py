@@ -80,7 +80,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         ahead = Lookahead(self.shards, self.bounds, share, self.window, hint_blocks=self.readahead)
         try:
             for start in range(0, len(share), _HINT_EVERY):
-                ahead.advance(start + _HINT_EVERY)
+                ahead.advance(start)
                 yield from share[start : start + _HINT_EVERY].tolist()
             ahead.advance(len(share))
         finally:

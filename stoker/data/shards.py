@@ -9,8 +9,10 @@ ShardSet works under fork and spawn alike and with thousands of shards.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -23,11 +25,15 @@ from stoker.storage.cache import ShardCache
 from stoker.storage.remote import RemoteData, is_url
 from stoker.storage.stager import Stager
 
+log = logging.getLogger("stoker.data")
+
 # Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
 # blocks and asks the kernel to read each block whole, so a spinning disk sees large reads.
 DEFAULT_BLOCK_BYTES = 8 << 20
 # Each open shard holds two file descriptors (the shard, and the index's memory map).
 DEFAULT_MAX_OPEN_SHARDS = 128
+# How often a process closes the node-cache copies it holds open that were evicted meanwhile.
+_SWEEP_SECONDS = 1.0
 
 
 class ShardSet:
@@ -53,11 +59,16 @@ class ShardSet:
         self.cache = (ShardCache(cache_dir, root, self.manifest.shards, cache_limit, storage_options)
                       if cache_dir is not None else None)
         self.cache_ahead = cache_ahead
+        if self.cache is not None and not self.cache.explicit_limit and not self.cache.holds_everything:
+            log.warning("%s: the node cache in %s has room for %.1f GB of this %.1f GB data set (half its free "
+                        "space); pass cache_limit= to shuffle and stage whole shards within it", root, cache_dir,
+                        self.cache.limit / 1e9, sum(e.bytes for e in self.manifest.shards) / 1e9)
         self.starts = self.manifest.shard_starts()
         self._starts = self.starts.tolist()  # one entry per shard: bisect on a short list beats numpy per call
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._next_sweep = 0.0
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -74,6 +85,8 @@ class ShardSet:
         recently used reader is closed when more than ``max_open_shards`` are open."""
         if self._pid != os.getpid():
             self._forget_parent_readers()
+        if self.cache is not None and time.monotonic() > self._next_sweep:
+            self._release_evicted()
         with self._lock:
             reader = self._readers.get(shard)
             if reader is not None:
@@ -108,11 +121,11 @@ class ShardSet:
 
     def block_bounds(self) -> np.ndarray:
         """Block boundaries over all samples (see :func:`stoker.data.order.block_bounds`): of
-        ``block_bytes``, or whole shards when the node cache holds only part of the data set, so
+        ``block_bytes``, or whole shards when ``cache_limit`` holds only part of the data set, so
         that an order keeps few shards open and each is cached, read and evicted as a whole."""
         counts = np.diff(self.starts)
         unit = self.block_bytes
-        if self.cache is not None and not self.cache.holds_everything:
+        if self.cache is not None and self.cache.holds_part:
             unit = max((entry.bytes for entry in self.manifest.shards), default=0) + 1
         return block_bounds(np.repeat(np.arange(len(counts)), counts), self.column("start"), unit)
 
@@ -124,10 +137,10 @@ class ShardSet:
         return Stager(self.cache, *shard_schedule(self.starts, order), ahead=self.cache_ahead)
 
     def open_blocks(self, window: int) -> int:
-        """How many blocks an order may keep open at once: ``window``, or with a node cache that
+        """How many blocks an order may keep open at once: ``window``, or when ``cache_limit``
         holds only part of the data set, as many whole shards as fill half of it (the other half
         is for the shards staged next)."""
-        if self.cache is None or self.cache.holds_everything:
+        if self.cache is None or not self.cache.holds_part:
             return window
         largest = max((entry.bytes for entry in self.manifest.shards), default=1)
         return max(1, min(window, self.cache.limit // (2 * largest)))
@@ -145,6 +158,14 @@ class ShardSet:
             for reader in self._readers.values():
                 reader.close()
             self._readers.clear()
+
+    def _release_evicted(self) -> None:
+        """Close this process's copies that were evicted from the node cache, freeing their space."""
+        self._next_sweep = time.monotonic() + _SWEEP_SECONDS
+        with self._lock:
+            readers = list(self._readers.values())
+        for reader in readers:
+            reader.release_evicted()
 
     def _forget_parent_readers(self) -> None:
         """In a forked child: open our own files, and never wait on a lock another thread of the parent held."""

@@ -8,22 +8,26 @@ Layout of ``cache_dir/<data set id>/``::
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
     .consumed/shard-000002.tar  the reader that staged it is done with it this epoch
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
-    .lock                       held while space is counted and reserved
+    .lock                       held while space is counted, reserved, freed, or a copy moved in
+    limit                       the default limit, fixed when the folder was made
     source                      the data set this folder caches (for people)
 
 Every rule that keeps it correct across processes:
 
 - A shard is fetched by the process that holds its lock; another process wanting it waits for
   the lock, then finds it there: each shard is fetched once per node.
-- Space is counted (copies, and partials as the whole shard they will be) and a partial is
-  created while holding ``.lock``, so the folder never holds more than ``limit`` bytes, even for
-  a moment.
+- Files are counted (copies, other files, and partials as the whole shard they will be), and a
+  partial is created, a copy moved into place or removed, only while holding ``.lock``, so the
+  files in the folder never add up to more than ``limit`` bytes. A copy that was evicted while a
+  reader had it open keeps its space until the reader notices (see CachedShardReader).
 - A stager evicts shards marked consumed first, then the least recently used (access time),
   never a shard it still needs; a reader fetching a shard on its own evicts only consumed ones.
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
   write to it changes those, and it is checked again before use, and fetched again if damaged.
-- A killed process leaves at most a partial, which is removed by the next process that opens the
-  cache or fetches that shard; locks die with their holder.
+- A killed process leaves at most a partial, which is removed by the next process that needs
+  room or opens the cache; locks die with their holder.
+- Errors writing the cache (a full disk) make a fetch report "no room": readers then read from
+  the source, which is never blamed for the cache's own trouble.
 """
 
 from __future__ import annotations
@@ -37,19 +41,22 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from stoker.errors import LocalWriteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
-from stoker.storage.locks import exclusive, is_locked, wait_unlocked
+from stoker.storage.locks import exclusive, is_locked
 from stoker.storage.remote import RemoteData
 
 log = logging.getLogger("stoker.storage")
 
 _PARTIAL = ".partial-"
+_OWN_FILES = {"limit", "source", ".lock"}
 
 
 class ShardCache:
     """Node-local copies of the shards of the data set at ``source`` (a folder or an fsspec URL)
-    in ``cache_dir``, within ``limit`` bytes (default: half the space free there when first made).
+    in ``cache_dir``, within ``limit`` bytes. Without a limit, the one fixed when the folder was
+    first made is used: half the space free there then.
 
     Picklable (a DataLoader worker gets the folder, the limit and the source); every method may be
     called from any thread or process on the node.
@@ -57,6 +64,8 @@ class ShardCache:
 
     def __init__(self, cache_dir: str | os.PathLike, source: str | os.PathLike, shards: list[ShardEntry],
                  limit: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        if limit is not None and limit <= 0:
+            raise ValueError(f"cache_limit must be a positive number of bytes, got {limit}")
         self.cache_dir = Path(cache_dir)
         self.source = source if isinstance(source, str) and "://" in source else str(Path(source).resolve())
         self.shards = shards
@@ -68,25 +77,31 @@ class ShardCache:
             folder.mkdir(parents=True, exist_ok=True)
         if not (self.folder / "source").is_file():
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
-        if limit is None:
-            limit = self.usage() + shutil.disk_usage(self.folder).free // 2
-        if limit < 0:
-            raise ValueError(f"cache_limit must be positive, got {limit}")
-        self.limit = int(limit)
-        self._remove_abandoned_partials()
+        self.explicit_limit = limit is not None
+        self.limit = int(limit) if limit is not None else self._default_limit()
+        with exclusive(self.folder / ".lock", inherit=False):
+            self._remove_abandoned_partials()
 
     @property
     def holds_everything(self) -> bool:
         """Whether the whole data set fits within the limit."""
         return sum(entry.bytes for entry in self.shards) <= self.limit
 
+    @property
+    def holds_part(self) -> bool:
+        """Whether a ``cache_limit`` given by the user holds only part of the data set. Orders
+        depend on this, never on a default limit (free space differs from node to node and run
+        to run, and every rank must compute the same order)."""
+        return self.explicit_limit and not self.holds_everything
+
     def path(self, shard: int) -> Path:
         """Where the copy of shard number ``shard`` lives (it may not be there)."""
         return self.folder / self.shards[shard].name
 
-    def ready(self, shard: int) -> bool:
+    def ready(self, shard: int, recheck: bool = False) -> bool:
         """Whether an intact copy of ``shard`` is there, checking it against the manifest
-        checksum if it changed since it was last checked (a damaged copy is removed)."""
+        checksum if it changed since it was last checked, or with ``recheck``; a damaged copy is
+        removed."""
         entry = self.shards[shard]
         path = self.folder / entry.name
         try:
@@ -94,12 +109,16 @@ class ShardCache:
         except FileNotFoundError:
             return False
         try:
-            if self._marker("verified", shard).read_text() == self._record(shard, stat):
+            if not recheck and self._marker("verified", shard).read_text() == self._record(shard, stat):
                 return True
         except FileNotFoundError:
             pass
-        if stat.st_size == entry.bytes and file_checksum(path) == entry.checksum:
-            self._verified(shard, stat)
+        try:
+            intact = stat.st_size == entry.bytes and file_checksum(path) == entry.checksum
+        except FileNotFoundError:  # evicted while being checked
+            return False
+        if intact:
+            atomic_write(self._marker("verified", shard), self._record(shard, stat).encode())
             return True
         log.warning("%s: cached copy does not match the manifest; fetching it again", path)
         with exclusive(self.folder / ".lock", inherit=False):
@@ -107,21 +126,13 @@ class ShardCache:
                 self._remove(entry.name)
         return False
 
-    def fetching(self, shard: int) -> bool:
-        """Whether some process on the node is fetching ``shard`` right now."""
-        return is_locked(self._lock(shard))
-
-    def wait(self, shard: int) -> None:
-        """Return once no process is fetching ``shard``."""
-        wait_unlocked(self._lock(shard))
-
     def fetch(self, shard: int, keep: Collection[int] | None = None) -> bool:
         """Make sure an intact copy of ``shard`` is in the cache; True when it is.
 
         When the budget is full, shards not in ``keep`` are evicted to make room (consumed
         first, then least recently used); with ``keep=None`` only shards marked consumed are.
-        False when there is no room. Waits while another process fetches the same shard. Source
-        errors raise RemoteError after retries.
+        False when there is no room, or the cache cannot be written (logged). Waits while another
+        process fetches the same shard. Source errors raise RemoteError after retries.
         """
         entry = self.shards[shard]
         with exclusive(self._lock(shard), inherit=False):
@@ -134,9 +145,12 @@ class ShardCache:
                 if not self._make_room(entry.bytes, keep):
                     return False
                 partial.touch()  # from now on its shard's size counts as used, before a byte arrives
-            self.origin.download(entry.name, self.folder / entry.name, entry.bytes, entry.checksum, partial)
-            self._marker("consumed", shard).unlink(missing_ok=True)
-            self._verified(shard, self.path(shard).stat())  # download() checked it as it arrived
+            try:
+                self.origin.download(entry.name, entry.bytes, entry.checksum, partial,
+                                     commit=lambda arrived: self._move_in(shard, arrived))
+            except LocalWriteError as e:
+                log.warning("node cache: %s; reading from the source instead", e)
+                return False
             return True
 
     def touch(self, shard: int) -> None:
@@ -155,10 +169,19 @@ class ShardCache:
             self._marker("consumed", shard).touch()
 
     def usage(self) -> int:
-        """Bytes of copies and partials in the cache now."""
+        """Bytes of copies, partials and other files in the cache now."""
         return sum(size for _, size, _ in self._files())
 
+    def _move_in(self, shard: int, arrived: Path) -> None:
+        """Put a checked download in place and record it as checked, counted under ``.lock``."""
+        with exclusive(self.folder / ".lock", inherit=False):
+            os.replace(arrived, self.path(shard))
+            self._marker("consumed", shard).unlink(missing_ok=True)
+            atomic_write(self._marker("verified", shard), self._record(shard, self.path(shard).stat()).encode())
+
     def _make_room(self, need: int, keep: Collection[int] | None) -> bool:
+        """Evict until ``need`` more bytes fit (caller holds ``.lock``); False, evicting nothing, when they cannot."""
+        self._remove_abandoned_partials()
         files = self._files()
         free = self.limit - sum(size for _, size, _ in files)
         if free >= need:
@@ -180,33 +203,34 @@ class ShardCache:
         return True
 
     def _files(self) -> list[tuple[str, int, int]]:
-        """(name, size, access time in ns) of every copy and partial."""
+        """(name, size, access time in ns) of every file counted: copies, partials (as the whole
+        shard) and anything else in the folder (copies of an earlier version of the data set)."""
         found = []
         with os.scandir(self.folder) as entries:
             for item in entries:
-                if item.name in self._numbers or item.name.startswith(_PARTIAL):
-                    try:
-                        stat = item.stat()
-                    except FileNotFoundError:
+                if item.name in _OWN_FILES:
+                    continue
+                try:
+                    if not item.is_file(follow_symlinks=False):
                         continue
-                    size = stat.st_size
-                    shard = self._numbers.get(item.name.removeprefix(_PARTIAL))
-                    if item.name.startswith(_PARTIAL) and shard is not None:  # reserved: the whole shard
-                        size = max(size, self.shards[shard].bytes)
-                    found.append((item.name, size, stat.st_atime_ns))
+                    stat = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                size = stat.st_size
+                shard = self._numbers.get(item.name.removeprefix(_PARTIAL))
+                if item.name.startswith(_PARTIAL) and shard is not None:
+                    size = max(size, self.shards[shard].bytes)
+                found.append((item.name, size, stat.st_atime_ns))
         return found
 
     def _remove(self, name: str) -> None:
         (self.folder / name).unlink(missing_ok=True)
-        (self.folder / ".verified" / name).unlink(missing_ok=True)
-        (self.folder / ".consumed" / name).unlink(missing_ok=True)
+        for kind in (".verified", ".consumed"):
+            (self.folder / kind / name).unlink(missing_ok=True)
 
     def _record(self, shard: int, stat: os.stat_result) -> str:
         """What the .verified record of a copy says: any write to the copy changes it."""
         return f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size} {self.shards[shard].checksum}"
-
-    def _verified(self, shard: int, stat: os.stat_result) -> None:
-        atomic_write(self._marker("verified", shard), self._record(shard, stat).encode())
 
     def _marker(self, kind: str, shard: int) -> Path:
         return self.folder / f".{kind}" / self.shards[shard].name
@@ -214,22 +238,31 @@ class ShardCache:
     def _lock(self, shard: int) -> Path:
         return self.folder / ".locks" / self.shards[shard].name
 
+    def _default_limit(self) -> int:
+        """Half the space free when the folder was first made, kept in ``limit`` so that every
+        process and every later run uses the same."""
+        with exclusive(self.folder / ".lock", inherit=False):
+            try:
+                return int((self.folder / "limit").read_text())
+            except (FileNotFoundError, ValueError):
+                limit = self.usage() + shutil.disk_usage(self.folder).free // 2
+                atomic_write(self.folder / "limit", f"{limit}\n".encode())
+                return limit
+
     def _remove_abandoned_partials(self) -> None:
-        """Partials whose fetcher is gone (a killed process): nobody holds their shard's lock."""
+        """Partials whose fetcher is gone (a killed process): nobody holds their shard's lock.
+        The caller holds ``.lock``."""
         for item in self.folder.glob(f"{_PARTIAL}*"):
             name = item.name.removeprefix(_PARTIAL)
-            if name in self._numbers and not is_locked(self.folder / ".locks" / name):
-                with exclusive(self.folder / ".lock", inherit=False):
-                    if not is_locked(self.folder / ".locks" / name):
-                        item.unlink(missing_ok=True)
+            if not (name in self._numbers and is_locked(self.folder / ".locks" / name)):
+                item.unlink(missing_ok=True)
 
     def __getstate__(self) -> dict:
-        return {"cache_dir": self.cache_dir, "source": self.source, "shards": self.shards, "limit": self.limit,
-                "storage_options": self.storage_options}
+        return {"cache_dir": self.cache_dir, "source": self.source, "shards": self.shards,
+                "limit": self.limit if self.explicit_limit else None, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
-
 
 
 def _inode(path: Path) -> int | None:
@@ -237,3 +270,4 @@ def _inode(path: Path) -> int | None:
         return path.stat().st_ino
     except FileNotFoundError:
         return None
+

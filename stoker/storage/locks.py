@@ -59,9 +59,14 @@ def _lock_file(path: Path, inherit: bool) -> Iterator[int]:
     try:
         yield fd
     finally:
-        if inherit or fd in _PRIVATE:  # in a forked child the descriptor is already closed
-            _PRIVATE.discard(fd)
+        if inherit:
             os.close(fd)
+        else:
+            with _OPENING:  # no fork between the unlock and forgetting the descriptor
+                if fd in _PRIVATE:  # in a forked child the descriptor is already closed
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # released for any copy a child still holds
+                    _PRIVATE.discard(fd)
+                    os.close(fd)
 
 
 @contextmanager
@@ -88,12 +93,6 @@ def is_locked(path: Path) -> bool:
     """Whether some process holds the exclusive lock on ``path`` right now."""
     with _lock_file(path, inherit=False) as fd:
         return not _try(fd, fcntl.LOCK_SH)
-
-
-def wait_unlocked(path: Path) -> None:
-    """Return once no process holds the exclusive lock on ``path``."""
-    with _lock_file(path, inherit=False) as fd:
-        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def _try(fd: int, operation: int) -> bool:

@@ -21,10 +21,10 @@ from typing import Any
 from tqdm import tqdm
 
 from stoker.errors import RemoteError
-from stoker.format import MANIFEST_NAME, Manifest, file_checksum, write_manifest
+from stoker.format import MANIFEST_NAME, Manifest, write_manifest
 from stoker.format.layout import check_name
 from stoker.storage.locks import exclusive
-from stoker.storage.remote import RemoteData
+from stoker.storage.remote import RemoteData, intact
 
 STAGE_LOCK_NAME = ".stoker-stage.lock"
 _PARTIAL = ".stoker-partial-"
@@ -68,25 +68,17 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
         fetched = skipped = fetched_bytes = 0
         with tqdm(total=total, unit="B", unit_scale=True, desc="stage", disable=not progress) as bar:
             for name, size, checksum in files:
-                if _intact(dst / name, size, checksum, verify):
+                if intact(dst / name, size, checksum, verify):
                     skipped += 1
                 else:
-                    source.download(name, dst / name, size, checksum, dst / f"{_PARTIAL}{os.getpid()}-{name}")
+                    source.download(name, size, checksum, dst / f"{_PARTIAL}{os.getpid()}-{name}",
+                                    commit=lambda arrived, final=dst / name: os.replace(arrived, final))
                     fetched += 1
                     fetched_bytes += size
                 bar.update(size)
         if not (dst / MANIFEST_NAME).is_file() or (dst / MANIFEST_NAME).read_text(encoding="utf-8") != text:
             write_manifest(dst, manifest)
     return StageResult(dst, fetched, skipped, fetched_bytes, time.perf_counter() - started)
-
-
-def _intact(path: Path, size: int, checksum: str, verify: bool) -> bool:
-    try:
-        if path.stat().st_size != size:
-            return False
-    except FileNotFoundError:
-        return False
-    return not verify or file_checksum(path) == checksum
 
 
 def _remove_partials(dst: Path) -> None:

@@ -8,7 +8,6 @@ import threading
 
 import numpy as np
 
-from stoker.errors import RemoteError
 from stoker.storage.cache import ShardCache
 
 log = logging.getLogger("stoker.storage")
@@ -22,7 +21,8 @@ class Stager:
     ones already open). When the cache is full it evicts only shards this reader has finished
     with or never needs, and marks each shard consumed once the reader is past its last
     sample, so those go first. Call :meth:`advance` as the reader moves and :meth:`close` at the
-    end; an error from the source stops the staging (reads then go to the source and report it).
+    end. An error stops the staging (logged): readers then fetch shards themselves or read the
+    source, and report a source that fails for good.
     """
 
     def __init__(self, cache: ShardCache, shards: np.ndarray, first: np.ndarray, last: np.ndarray,
@@ -30,7 +30,6 @@ class Stager:
         self.cache = cache
         self.shards, self.first, self.last = shards, first, last
         self.ahead = ahead
-        self.error: RemoteError | None = None
         self._position = 0
         self._stopped = False
         self._changed = threading.Condition()
@@ -50,11 +49,6 @@ class Stager:
             self._stopped = True
             self._changed.notify()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the thread has ended (every shard staged, or closed); True if it has."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
     def _run(self) -> None:
         next_fetch, finished = 0, 0
         by_last = np.argsort(self.last, kind="stable")
@@ -73,9 +67,8 @@ class Stager:
                 keep = set(wanted[self.last[: next_fetch + 1] >= position].tolist())
                 try:
                     fetched = self.cache.fetch(int(self.shards[next_fetch]), keep)
-                except RemoteError as e:
+                except Exception as e:  # noqa: BLE001 -- a thread must not die unheard; readers go on without it
                     log.warning("staging stopped: %s", e)
-                    self.error = e
                     return
                 if fetched:
                     next_fetch += 1
