@@ -118,7 +118,7 @@ class ShardCache:
         except FileNotFoundError:  # evicted while being checked
             return False
         if intact:
-            atomic_write(self._marker("verified", shard), self._record(shard, stat).encode())
+            self._mark_verified(shard, stat)
             return True
         log.warning("%s: cached copy does not match the manifest; fetching it again", path)
         with exclusive(self.folder / ".lock", inherit=False):
@@ -177,7 +177,7 @@ class ShardCache:
         with exclusive(self.folder / ".lock", inherit=False):
             os.replace(arrived, self.path(shard))
             self._marker("consumed", shard).unlink(missing_ok=True)
-            atomic_write(self._marker("verified", shard), self._record(shard, self.path(shard).stat()).encode())
+            self._mark_verified(shard, self.path(shard).stat())
 
     def _make_room(self, need: int, keep: Collection[int] | None) -> bool:
         """Evict until ``need`` more bytes fit (caller holds ``.lock``); False, evicting nothing, when they cannot."""
@@ -208,8 +208,8 @@ class ShardCache:
         found = []
         with os.scandir(self.folder) as entries:
             for item in entries:
-                if item.name in _OWN_FILES:
-                    continue
+                if item.name in _OWN_FILES or (item.name.startswith(".") and not item.name.startswith(_PARTIAL)):
+                    continue  # ours, or another process's temporary file
                 try:
                     if not item.is_file(follow_symlinks=False):
                         continue
@@ -231,6 +231,14 @@ class ShardCache:
     def _record(self, shard: int, stat: os.stat_result) -> str:
         """What the .verified record of a copy says: any write to the copy changes it."""
         return f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size} {self.shards[shard].checksum}"
+
+    def _mark_verified(self, shard: int, stat: os.stat_result) -> None:
+        """Record that the copy with ``stat`` was checked. Without the record the copy is only
+        checked again, so a failure to write it is logged, not raised."""
+        try:
+            atomic_write(self._marker("verified", shard), self._record(shard, stat).encode())
+        except OSError as e:
+            log.warning("node cache: cannot record %s as checked (%s)", self.path(shard), e)
 
     def _marker(self, kind: str, shard: int) -> Path:
         return self.folder / f".{kind}" / self.shards[shard].name
