@@ -21,6 +21,16 @@ from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
 from stoker.loader import CropSpec, Loader
 from stoker.pack import PackResult, pack
 
+
+def __getattr__(name: str):
+    """``stoker.VideoClipDataset`` imports PyAV (the ``video`` extra) only when first used."""
+    if name == "VideoClipDataset":
+        from stoker.video import VideoClipDataset
+
+        return VideoClipDataset
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+
+
 __all__ = [
     "CorruptDataError",
     "CropSpec",
@@ -33,6 +43,7 @@ __all__ = [
     "QuasiRandomSampler",
     "ShardDataset",
     "StokerError",
+    "VideoClipDataset",
     "__version__",
     "doctor",
     "echo",

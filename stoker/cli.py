@@ -41,7 +41,8 @@ def _pack(args: argparse.Namespace) -> int:
 
     result = pack(args.src, args.dst, shard_bytes=args.shard_size, workers=args.workers,
                   shuffle_seed=args.shuffle_seed, max_side=args.max_side, quality=args.quality,
-                  verify_decode=args.verify_decode, strict=args.strict, progress=not args.quiet)
+                  verify_decode=args.verify_decode, strict=args.strict, progress=not args.quiet,
+                  video_mode=args.video_mode, fps=args.fps, short_side=args.short_side)
     rate = result.source_bytes / result.seconds / 1e6 if result.seconds else 0.0
     print(f"packed {result.num_samples} samples into {result.num_shards} shards "
           f"({result.total_bytes / 1e6:.1f} MB) in {result.dst} in {result.seconds:.1f} s ({rate:.1f} MB/s read)")
@@ -51,6 +52,10 @@ def _pack(args: argparse.Namespace) -> int:
         print(f"skipped {len(result.rejected)} bad inputs, listed in {result.dst}/{REJECTED_NAME}:")
         for path, reason in result.rejected[:5]:
             print(f"  {path}: {reason}")
+    if result.notes:
+        print(f"{len(result.notes)} videos whose container header is wrong (frames were counted by decoding):")
+        for path, note in result.notes[:5]:
+            print(f"  {path}: {note}")
     return 0
 
 
@@ -64,7 +69,11 @@ def _info(args: argparse.Namespace) -> int:
     print(f"data set     {args.dst}")
     print(f"samples      {manifest.num_samples}")
     print(f"shards       {len(manifest.shards)} ({total / 1e6:.1f} MB, mean {total / max(1, len(manifest.shards)) / 1e6:.1f} MB)")
-    print(f"fields       {', '.join(f'{k} ({v})' for k, v in manifest.schema.items())}")
+    frames = [k for k, v in manifest.schema.items() if v == "frame"]
+    fields = [f"{k} ({v})" for k, v in manifest.schema.items() if v != "frame"]
+    if frames:
+        fields.insert(0, f"{frames[0]}..{frames[-1]} (frames: up to {len(frames)} per video)")
+    print(f"fields       {', '.join(fields)}")
     names = f" ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})" if classes else ""
     print(f"classes      {len(classes)}{names}")
     print(f"source       {manifest.source.get('kind')} {manifest.source.get('path')}")
@@ -167,6 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
     p.add_argument("--verify-decode", action="store_true", help="fully decode every image to check it")
     p.add_argument("--strict", action="store_true", help="stop at the first bad input instead of skipping it")
+    p.add_argument("--video-mode", choices=["frames", "video"], default=None,
+                   help="the inputs are videos: store frames as JPEGs, or keep the video bytes (both add a frame table)")
+    p.add_argument("--fps", type=float, default=None, help="frames mode: keep frames at this rate (default: all)")
+    p.add_argument("--short-side", type=int, default=None, help="frames mode: resize frames to this short side")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

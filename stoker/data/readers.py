@@ -82,6 +82,14 @@ class ShardReader:
         finally:
             self._release()
 
+    def read_span(self, local: int, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``start:end`` of the shard (several adjacent members of sample ``local`` in one
+        read); the caller checks each member against its checksum."""
+        data = self._read(local, start, end - start, None)
+        if len(data) != end - start:
+            raise CorruptDataError(self.path, self.index.key(local), f"short read: {len(data)} of {end - start} bytes")
+        return data
+
     def readahead(self, first: int, last: int) -> None:
         """Ask the kernel to start reading samples ``first..last`` (positions in this shard) into the page cache."""
         start, end = self.index.span(first, last)
@@ -244,6 +252,12 @@ class CachedShardReader(ShardReader):
                 raise  # the copy matches the manifest: the source holds the same damage
             ShardReader.close(self)
             return self.source.read_member(local, member, into)
+
+    def read_span(self, local: int, start: int, end: int) -> bytes | memoryview:
+        """As :meth:`ShardReader.read_span`, from the cached copy once there is one."""
+        if self._cached():
+            return super().read_span(local, start, end)
+        return self.source.read_span(local, start, end)
 
     def readahead(self, first: int, last: int) -> None:
         """Hint the source's page cache while the shard is not cached (a cached copy is in RAM or on SSD)."""

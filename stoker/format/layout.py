@@ -16,12 +16,27 @@ WORK_DIR_NAME = ".stoker-pack"
 LOCK_NAME = ".stoker-pack.lock"
 DEFAULT_SHARD_BYTES = 256 << 20
 
+# Video samples (see stoker/pack/videos.py): frame i of a frames-mode sample is member
+# frame_field(i); both modes store the frame table as member FRAME_TABLE_FIELD.
+FRAME_TABLE_FIELD = "frames.json"
+_FRAME_FIELD = re.compile(r"\d{6}\.jpg")
+
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def shard_name(number: int) -> str:
     """File name of shard ``number`` (its index sits beside it, see :func:`index_name`)."""
     return f"shard-{number:06d}.tar"
+
+
+def frame_field(i: int) -> str:
+    """The member name of frame ``i`` of a frames-mode video sample."""
+    return f"{i:06d}.jpg"
+
+
+def is_frame_field(name: str) -> bool:
+    """Whether a member name is a frame of a frames-mode video sample."""
+    return _FRAME_FIELD.fullmatch(name) is not None
 
 
 def index_name(shard: str) -> str:

@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,20 @@ from stoker.format import (
     shard_name,
     write_manifest,
 )
-from stoker.format.layout import WORK_DIR_NAME
+from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_field
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.images import BadInput
-from stoker.pack.shard_job import CLASS_FIELD, ImageOptions, ShardJob, ShardRecord, load_sample, run_shard_job
-from stoker.pack.sources import IMAGE_EXTENSIONS, Source, open_source
+from stoker.pack.shard_job import (
+    CLASS_FIELD,
+    ImageOptions,
+    ShardJob,
+    ShardRecord,
+    VideoOptions,
+    load_members,
+    run_shard_job,
+)
+from stoker.pack.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Source, open_source
 from stoker.storage.publish import publish
 from stoker.storage.remote import cache_root, is_url
 
@@ -67,6 +75,7 @@ class PackResult:
     rejected: list[tuple[str, str]]
     reused_shards: int
     seconds: float
+    notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
 
 
 def pack(
@@ -82,8 +91,17 @@ def pack(
     strict: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
+    video_mode: str | None = None,
+    fps: float | None = None,
+    short_side: int | None = None,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
+
+    With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
+    list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
+    resize; ``quality``), ``"video"`` keeps the file's bytes; both add the frame table counted by
+    decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
+    ``PackResult.notes``.
 
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
@@ -96,18 +114,22 @@ def pack(
         local = cache_root() / "pack" / hashlib.sha256(str(dst).encode()).hexdigest()[:24]
         result = pack(src, local, shard_bytes=shard_bytes, workers=workers, shuffle_seed=shuffle_seed,
                       max_side=max_side, quality=quality, verify_decode=verify_decode, strict=strict,
-                      progress=progress)
+                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side)
         publish(local, str(dst), storage_options=storage_options)
         shutil.rmtree(local, ignore_errors=True)
         return replace(result, dst=str(dst))
     started = time.perf_counter()
-    source = open_source(src)
+    if video_mode not in (None, "frames", "video"):
+        raise PackError(f"video mode must be frames or video, got {video_mode!r}")
+    source = open_source(src, videos=video_mode is not None)
     dst = Path(dst)
     check_destination(source, dst)
     image_options = ImageOptions(max_side, quality, verify_decode)
+    video = VideoOptions(video_mode, fps, short_side, quality) if video_mode else None
     plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image_options), shard_bytes,
-                              shuffle_seed)
-    options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options)}
+                              shuffle_seed, *([asdict(video)] if video else []))
+    options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
+               **({"video": asdict(video)} if video else {})}
     try:
         dst.mkdir(parents=True, exist_ok=True)
         with pack_lock(dst):
@@ -115,8 +137,8 @@ def pack(
                 return _existing_result(dst, plan_digest, started)
             work_dir = dst / WORK_DIR_NAME
             work_dir.mkdir(exist_ok=True)
-            per_shard = _samples_per_shard(source, work_dir, plan_digest, image_options, shard_bytes)
-            jobs = _plan_jobs(source, dst, work_dir, plan_digest, per_shard, shuffle_seed, image_options, strict)
+            per_shard = _samples_per_shard(source, work_dir, plan_digest, image_options, video, shard_bytes)
+            jobs = _plan_jobs(source, dst, work_dir, plan_digest, per_shard, shuffle_seed, image_options, video, strict)
             remove_leftovers(dst, {job.name for job in jobs})
             records, reused = _run_jobs(jobs, workers, progress)
             rejected = [r for record in records for r in record.rejected]
@@ -132,12 +154,13 @@ def pack(
         raise PackError(f"{dst}: a pack worker process died (killed, or out of memory?); finished shards "
                         "are kept: run the same command again to resume") from None
     source_bytes = sum(record.source_bytes for record in records)
+    notes = [n for record in records for n in record.notes]
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      source_bytes, rejected, reused, time.perf_counter() - started)
+                      source_bytes, rejected, reused, time.perf_counter() - started, notes)
 
 
-def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int,
-               shuffle_seed: int | None, image_options: ImageOptions, strict: bool) -> list[ShardJob]:
+def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
+               image_options: ImageOptions, video: VideoOptions | None, strict: bool) -> list[ShardJob]:
     """One job per planned shard, each with the digest of exactly what it will hold."""
     order = plan.pack_order(len(source), shuffle_seed)
     bounds = plan.shard_bounds(len(source), per_shard)
@@ -145,7 +168,7 @@ def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_
     for number in range(len(bounds) - 1):
         items = [(source.paths[i], source.keys[i], int(source.labels[i])) for i in order[bounds[number] : bounds[number + 1]]]
         jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst), str(work_dir),
-                             image_options, strict))
+                             image_options, strict, video))
     return jobs
 
 
@@ -159,7 +182,8 @@ def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
                       0, [], len(manifest.shards), time.perf_counter() - started)
 
 
-def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions, shard_bytes: int) -> int:
+def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions,
+                       video: VideoOptions | None, shard_bytes: int) -> int:
     """Estimated from a spread sample of file sizes (re-encoded sizes when the pack shrinks images).
 
     The estimate is saved with the plan, so a resumed pack cuts shards exactly where the first run did.
@@ -174,12 +198,13 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
     positions = plan.sample_positions(len(source), _SIZE_SAMPLE)
     sizes = [os.path.getsize(source.paths[i]) for i in positions if os.path.isfile(source.paths[i])]
     mean = float(np.mean(sizes)) if sizes else 1.0
-    if image.max_side is not None:
+    if image.max_side is not None or (video is not None and video.mode == "frames"):
         stored_sizes, original_sizes = [], []
+        probe = ShardJob("", [], "", "", "", image, False, video)
         for i in positions[:: max(1, len(positions) // _REENCODE_SAMPLE)][:_REENCODE_SAMPLE]:
             try:
-                _, data, original_size = load_sample(source.paths[i], image)
-                stored_sizes.append(len(data))
+                members, original_size, _ = load_members(source.paths[i], probe)
+                stored_sizes.append(sum(len(data) for _, data in members))
                 original_sizes.append(original_size)
             except (BadInput, OSError):
                 continue
@@ -292,6 +317,12 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
 def _field_kind(field_name: str) -> str:
     if field_name == CLASS_FIELD:
         return "class"
+    if field_name == FRAME_TABLE_FIELD:
+        return "frame_table"
+    if is_frame_field(field_name):
+        return "frame"
+    if f".{field_name}" in VIDEO_EXTENSIONS:
+        return "video"
     return "image" if f".{field_name}" in IMAGE_EXTENSIONS else "bytes"
 
 

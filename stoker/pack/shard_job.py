@@ -32,8 +32,21 @@ class ImageOptions:
 
 
 @dataclass(frozen=True)
+class VideoOptions:
+    """How each video is stored (see stoker/pack/videos.py): ``mode`` frames | video; in frames
+    mode, resampled to ``fps`` (None: every frame), the short side resized to ``short_side``
+    (None: as is), JPEG ``quality``."""
+
+    mode: str = "frames"
+    fps: float | None = None
+    short_side: int | None = None
+    quality: int = 90
+
+
+@dataclass(frozen=True)
 class ShardJob:
-    """The samples planned for one shard, as (path, key, label) triples, and where it goes."""
+    """The samples planned for one shard, as (path, key, label) triples, and where it goes.
+    With ``video`` the inputs are videos, else images."""
 
     name: str
     items: list[tuple[str, str, int]]
@@ -42,6 +55,7 @@ class ShardJob:
     work_dir: str
     image: ImageOptions
     strict: bool
+    video: VideoOptions | None = None
 
 
 @dataclass
@@ -54,6 +68,7 @@ class ShardRecord:
     source_bytes: int = 0
     fields: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
 
     def save(self, work_dir: str | os.PathLike) -> None:
         """Write the record atomically into the work folder; its presence marks the shard finished."""
@@ -66,7 +81,7 @@ class ShardRecord:
             data = json.loads((Path(work_dir) / f"{name}.json").read_text(encoding="utf-8"))
             entry = ShardEntry(**data["entry"]) if data["entry"] else None
             return cls(data["name"], data["digest"], entry, data["source_bytes"], data["fields"],
-                       [tuple(r) for r in data["rejected"]])
+                       [tuple(r) for r in data["rejected"]], [tuple(n) for n in data.get("notes", [])])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -90,26 +105,38 @@ def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
     return field_name, data, len(data)
 
 
+def load_members(path: str, job: ShardJob) -> tuple[list[tuple[str, bytes]], int, str | None]:
+    """The members of one input (an image, or a video with ``job.video``), its size, and a note."""
+    if job.video is not None:
+        from stoker.pack.videos import load_video  # PyAV only when packing videos
+
+        return load_video(path, job.video)
+    field_name, data, original_size = load_sample(path, job.image)
+    return [(field_name, data)], original_size, None
+
+
 def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
     """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError."""
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
     rejected: list[tuple[str, str]] = []
+    notes: list[tuple[str, str]] = []
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
             for path, key, label in job.items:
                 try:
-                    field_name, data, original_size = load_sample(path, job.image)
+                    members, original_size, note = load_members(path, job)
                 except BadInput as e:
                     if job.strict:
                         raise PackError(f"{path}: {e.reason} (stopped by --strict)") from None
                     rejected.append((path, e.reason))
                 else:
-                    members = [(field_name, data)]
+                    if note:
+                        notes.append((path, note))
                     if label != NO_LABEL:
                         members.append((CLASS_FIELD, str(label).encode("ascii")))
                     writer.add(key, label, members)
-                    done_bytes += len(data)
+                    done_bytes += sum(len(data) for _, data in members)
                     source_bytes += original_size
                 done += 1
                 if progress and done % PROGRESS_EVERY == 0:
@@ -125,7 +152,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
         raise PackError(f"{job.dst}: cannot write shard {job.name}: {e.strerror or e}") from None
     if progress:
         progress(done, done_bytes)
-    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected)
+    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes)
     try:
         record.save(job.work_dir)
     except OSError as e:

@@ -19,6 +19,7 @@ from stoker.format import NO_LABEL
 
 # The extensions torchvision's ImageFolder accepts, so both list the same files.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 _UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
@@ -37,19 +38,21 @@ class Source:
         return len(self.paths)
 
 
-def open_source(src: str | os.PathLike) -> Source:
-    """List ``src``: a folder is read as ImageFolder, a ``.csv``/``.tsv``/``.txt`` file as a path list."""
+def open_source(src: str | os.PathLike, videos: bool = False) -> Source:
+    """List ``src``: a folder is read as ImageFolder (of video files with ``videos``), a
+    ``.csv``/``.tsv``/``.txt`` file as a path list."""
     src = Path(src).resolve()  # the plan's digest must not depend on how the path was spelled
     if src.is_dir():
-        return list_image_folder(src)
+        return list_image_folder(src, VIDEO_EXTENSIONS if videos else IMAGE_EXTENSIONS)
     if src.is_file():
         return read_path_list(src)
     raise PackError(f"{src}: no such folder or list file")
 
 
-def list_image_folder(root: Path) -> Source:
-    """Class folders below ``root`` and image files anywhere below them, listed exactly as
-    torchvision's ImageFolder lists them (same classes, indices and order of samples)."""
+def list_image_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Source:
+    """Class folders below ``root`` and image files (or files with other ``extensions``) anywhere
+    below them, listed exactly as torchvision's ImageFolder lists them (same classes, indices
+    and order of samples)."""
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
         raise PackError(f"{root}: no class folders found (expected ROOT/<class>/<image files>)")
@@ -57,13 +60,14 @@ def list_image_folder(root: Path) -> Source:
     for label, name in enumerate(classes):
         for folder, _, files in sorted(os.walk(root / name, followlinks=True)):
             for file in sorted(files):
-                if file.lower().endswith(IMAGE_EXTENSIONS):
+                if file.lower().endswith(extensions):
                     paths.append(os.path.join(folder, file))
                     labels.append(label)
+    what = "video" if extensions == VIDEO_EXTENSIONS else "image"
     if not paths:
-        raise PackError(f"{root}: no image files found in the class folders")
+        raise PackError(f"{root}: no {what} files found in the class folders")
     keys = make_keys([os.path.relpath(p, root) for p in paths])
-    return Source("image_folder", root.resolve(), paths, keys, np.array(labels, dtype=np.int64), classes)
+    return Source(f"{what}_folder", root.resolve(), paths, keys, np.array(labels, dtype=np.int64), classes)
 
 
 def read_path_list(list_file: Path) -> Source:

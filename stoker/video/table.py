@@ -120,4 +120,6 @@ def _seeks_land_exactly(container: av.container.InputContainer, stream: av.video
 
 
 def _reason(error: Exception) -> str:
+    if isinstance(error, EOFError):
+        return "the file ends early: truncated or cut off"
     return f"{type(error).__name__}: {error}"

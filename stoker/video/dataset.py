@@ -1,0 +1,119 @@
+"""VideoClipDataset: exact clips from a packed video data set (``stoker pack --video-mode``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+import torch.utils.data
+
+from stoker.data.decode import decode_image
+from stoker.data.readers import ShardReader
+from stoker.data.shards import ShardSet
+from stoker.errors import CorruptDataError, StokerError
+from stoker.format import member_checksum
+from stoker.format.layout import FRAME_TABLE_FIELD, is_frame_field
+from stoker.video.decode import decode_frames
+from stoker.video.sampling import Sampling, clip_indices
+from stoker.video.table import FrameTable, VideoError
+
+
+class VideoClipDataset(torch.utils.data.Dataset):
+    """Items are ``(clip, label, frames)``: ``clip`` a uint8 tensor (T, H, W, C) (``layout="TCHW"``
+    for (T, C, H, W); with ``clips_per_video`` > 1 a leading clips dimension), ``frames`` the
+    frame indices used (positions in the video's decoded stream, in presentation order).
+
+    ``sampling``: ``random`` (random start, every ``stride``-th frame), ``uniform`` (starts spread
+    evenly; for evaluation), ``segments`` (TSN: one frame from each of ``clip_len`` equal parts);
+    with ``fps``, frames are taken at that rate following the frames' own times. Videos shorter
+    than a clip repeat their last frame. Frames-mode data reads a clip's frames in one read and
+    decodes only those frames; video-mode data seeks to the keyframe before the first frame and
+    decodes forward once. ``seed``: the same clips for the same index every time (default: fresh
+    randomness). Other arguments as for :class:`stoker.ShardDataset`.
+    """
+
+    def __init__(self, path: str | os.PathLike, clip_len: int = 8, stride: int = 1, sampling: Sampling = "random",
+                 clips_per_video: int = 1, fps: float | None = None, *, layout: Literal["THWC", "TCHW"] = "THWC",
+                 transform: Callable[[torch.Tensor], Any] | None = None, seed: int | None = None, verify: bool = True,
+                 storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | None = None) -> None:
+        if layout not in ("THWC", "TCHW"):
+            raise ValueError(f"layout must be THWC or TCHW, got {layout!r}")
+        self.root = os.fspath(path)
+        self.clip_len, self.stride, self.sampling, self.clips_per_video, self.fps = (clip_len, stride, sampling,
+                                                                                      clips_per_video, fps)
+        self.layout, self.transform, self.seed, self.verify = layout, transform, seed, verify
+        self.shards = ShardSet(path, verify=verify, storage_options=storage_options, cache_dir=cache_dir,
+                               cache_limit=cache_limit)
+        kinds = set(self.shards.manifest.schema.values())
+        if "frame_table" not in kinds:
+            raise StokerError(f"{self.root}: not a video data set (pack it with stoker pack --video-mode frames|video)")
+        self.mode = "frames" if "frame" in kinds else "video"
+        clip_indices(1, clip_len, stride, sampling, clips_per_video, np.random.default_rng(0))  # checks the arguments
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names; index i is label i."""
+        return list(self.shards.manifest.classes or [])
+
+    def __getitem__(self, index: int) -> tuple[Any, int, torch.Tensor]:
+        shard, local = self.shards.locate(int(index))
+        reader = self.shards.reader(shard)
+        members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
+        table = json.loads(bytes(reader.read_member(local, members[FRAME_TABLE_FIELD])))
+        times = (np.asarray(table["pts"], np.float64) - table["pts"][0]) * table["time_base"][0] / table["time_base"][1]
+        rng = np.random.default_rng(None if self.seed is None else [self.seed, int(index)])
+        picks = clip_indices(len(table["pts"]), self.clip_len, self.stride, self.sampling, self.clips_per_video, rng,
+                             seconds=times, fps=self.fps)
+        wanted = np.unique(picks)
+        try:
+            if self.mode == "frames":
+                images = self._frames(reader, local, members, wanted)
+            else:
+                images = self._decoded(reader, local, members, table, wanted)
+        except VideoError as e:
+            raise CorruptDataError(reader.path, reader.index.key(local), str(e)) from None
+        clip = torch.from_numpy(images[np.searchsorted(wanted, picks)])
+        if self.layout == "TCHW":
+            clip = clip.permute(0, 1, 4, 2, 3)
+        if self.clips_per_video == 1:
+            clip, picks = clip[0], picks[0]
+        if self.transform is not None:
+            clip = self.transform(clip)
+        return clip, int(reader.index.labels[local]), torch.from_numpy(picks)
+
+    def _frames(self, reader: ShardReader, local: int, members: dict[str, np.void], wanted: np.ndarray) -> np.ndarray:
+        """Frames ``wanted`` of a frames-mode sample: one read of their span, only they decoded."""
+        frames = sorted(name for name in members if is_frame_field(name))
+        chosen = [members[frames[i]] for i in wanted]
+        start = min(int(m["offset"]) for m in chosen)
+        end = max(int(m["offset"]) + int(m["size"]) for m in chosen)
+        span = reader.read_span(local, start, end)
+        images = []
+        for member, i in zip(chosen, wanted, strict=True):
+            data = span[int(member["offset"]) - start : int(member["offset"]) - start + int(member["size"])]
+            if self.verify and member_checksum(data) != int(member["checksum"]):
+                raise CorruptDataError(reader.path, reader.index.key(local), f"checksum mismatch in frame {int(i)}")
+            try:
+                images.append(decode_image(bytes(data), "rgb"))
+            except Exception as e:  # Pillow raises many types for bad data
+                raise CorruptDataError(reader.path, reader.index.key(local),
+                                       f"frame {int(i)} does not decode ({type(e).__name__}: {e})") from None
+        return np.stack(images)
+
+    def _decoded(self, reader: ShardReader, local: int, members: dict[str, np.void], table: dict,
+                 wanted: np.ndarray) -> np.ndarray:
+        """Frames ``wanted`` of a video-mode sample, decoded from the stored video."""
+        video_field = next(name for name, kind in self.shards.manifest.schema.items() if kind == "video" and name in members)
+        data = bytes(reader.read_member(local, members[video_field]))
+        frame_table = FrameTable(np.asarray(table["pts"], np.int64), np.asarray(table["keyframe"], bool),
+                                 Fraction(*table["time_base"]), table["size"][0], table["size"][1], table["codec"],
+                                 table["header_frames"], table.get("seekable", True))
+        return decode_frames(data, frame_table, wanted, name=f"{reader.path}:{reader.index.key(local)}")

@@ -1,0 +1,96 @@
+"""Packing videos (frames and video modes) and reading exact clips back with VideoClipDataset,
+through DataLoader workers too; bad videos rejected with a reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch.utils.data
+
+import stoker
+from stoker.errors import StokerError
+from tests.videos import frame_number, make_video
+
+FRAMES = {"a/cfr_bframes.mp4": 60, "a/one_frame.mp4": 1, "b/vfr.mkv": 40, "b/mpeg4.avi": 30, "b/long_gop.mp4": 90}
+
+
+@pytest.fixture(scope="module")
+def video_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video_src") / "videos"
+    options = {"b/vfr.mkv": {"vfr_ms": [20, 20, 70]}, "b/mpeg4.avi": {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}},
+               "a/cfr_bframes.mp4": {"options": {"bf": "3"}},
+               "b/long_gop.mp4": {"options": {"g": "90", "bf": "3", "sc_threshold": "0"}}}
+    for name, frames in FRAMES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        make_video(root / name, frames, **options.get(name, {}))
+    (root / "a" / "truncated.mp4").write_bytes((root / "a" / "cfr_bframes.mp4").read_bytes()[:3000])
+    (root / "b" / "garbage.mkv").write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    return root
+
+
+@pytest.fixture(scope="module", params=["frames", "video"])
+def packed_videos(request, video_folder, tmp_path_factory):
+    dst = tmp_path_factory.mktemp(f"video_{request.param}") / "ds"
+    result = stoker.pack(video_folder, dst, video_mode=request.param, shard_bytes=200_000, workers=2, progress=False)
+    return request.param, dst, result
+
+
+def test_bad_videos_are_rejected_with_a_reason(packed_videos):
+    _, _, result = packed_videos
+    assert result.num_samples == len(FRAMES)
+    reasons = dict(result.rejected)
+    assert set(map(lambda p: p.rsplit("/", 1)[-1], reasons)) == {"truncated.mp4", "garbage.mkv"}
+    assert all(reason for reason in reasons.values())
+
+
+@pytest.mark.parametrize("sampling", ["random", "uniform", "segments"])
+def test_every_clip_frame_is_the_frame_asked_for(packed_videos, sampling):
+    mode, dst, _ = packed_videos
+    dataset = stoker.VideoClipDataset(dst, clip_len=8, stride=2, sampling=sampling, seed=1)
+    assert dataset.mode == mode and len(dataset) == len(FRAMES)
+    for i in range(len(dataset)):
+        clip, label, frames = dataset[i]
+        assert clip.shape == (8, 48, 64, 3) and clip.dtype == torch.uint8
+        assert [frame_number(image.numpy()) for image in clip] == frames.tolist()
+        assert label in (0, 1)
+
+
+def test_several_clips_and_channels_first(packed_videos):
+    _, dst, _ = packed_videos
+    dataset = stoker.VideoClipDataset(dst, clip_len=4, clips_per_video=3, sampling="uniform", layout="TCHW")
+    clip, _, frames = dataset[0]
+    assert clip.shape == (3, 4, 3, 48, 64) and frames.shape == (3, 4)
+    numbers = [[frame_number(image.permute(1, 2, 0).numpy()) for image in one] for one in clip]
+    assert numbers == frames.tolist()
+
+
+def test_a_dataloader_with_two_workers_reads_clips(packed_videos):
+    _, dst, _ = packed_videos
+    dataset = stoker.VideoClipDataset(dst, clip_len=4, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    seen = 0
+    for clips, labels, frames in loader:
+        assert clips.shape[1:] == (4, 48, 64, 3) and set(labels.tolist()) <= {0, 1}
+        seen += len(clips)
+        for clip, used in zip(clips, frames, strict=True):
+            assert [frame_number(image.numpy()) for image in clip] == used.tolist()
+    assert seen == len(FRAMES)
+
+
+def test_frames_mode_resamples_to_a_frame_rate(video_folder, tmp_path):
+    result = stoker.pack(video_folder, tmp_path / "ds", video_mode="frames", fps=5, progress=False, workers=1)
+    assert result.num_samples == len(FRAMES)
+    dataset = stoker.VideoClipDataset(tmp_path / "ds", clip_len=3, stride=1, sampling="uniform")
+    cfr = next(i for i in range(len(dataset)) if key_of(dataset, i).endswith("cfr_bframes"))
+    clip, _, _ = dataset[cfr]
+    assert [frame_number(image.numpy()) % 5 for image in clip] == [0, 0, 0]  # 25 fps kept at 5: every 5th frame
+
+
+def key_of(dataset, i):
+    shard, local = dataset.shards.locate(i)
+    return dataset.shards.index(shard).key(local)
+
+
+def test_an_image_data_set_is_not_a_video_data_set(packed):
+    with pytest.raises(StokerError, match="not a video data set"):
+        stoker.VideoClipDataset(packed)
