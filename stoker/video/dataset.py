@@ -9,9 +9,9 @@ from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
+import simplejpeg
 import torch.utils.data
 
-from stoker.data.decode import decode_image
 from stoker.data.readers import ShardReader
 from stoker.data.shards import ShardSet
 from stoker.errors import CorruptDataError, StokerError
@@ -96,17 +96,22 @@ class VideoClipDataset(torch.utils.data.Dataset):
         start = min(int(m["offset"]) for m in chosen)
         end = max(int(m["offset"]) + int(m["size"]) for m in chosen)
         span = reader.read_span(local, start, end)
-        images = []
-        for member, i in zip(chosen, wanted, strict=True):
+        images: np.ndarray | None = None
+        for k, (member, i) in enumerate(zip(chosen, wanted, strict=True)):
             data = span[int(member["offset"]) - start : int(member["offset"]) - start + int(member["size"])]
             if self.verify and member_checksum(data) != int(member["checksum"]):
                 raise CorruptDataError(reader.path, reader.index.key(local), f"checksum mismatch in frame {int(i)}")
             try:
-                images.append(decode_image(bytes(data), "rgb"))
-            except Exception as e:  # Pillow raises many types for bad data
+                if images is None:  # every frame of a video has the first one's size
+                    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+                    images = np.empty((len(wanted), height, width, 3), np.uint8)
+                # simplejpeg straight into the clip array: ~25% less CPU per frame than Pillow
+                # (see stoker/loader/decode_crop.py), and no copy to stack the frames
+                simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])
+            except Exception as e:  # a damaged frame: the decoder's own error type
                 raise CorruptDataError(reader.path, reader.index.key(local),
                                        f"frame {int(i)} does not decode ({type(e).__name__}: {e})") from None
-        return np.stack(images)
+        return images
 
     def _decoded(self, reader: ShardReader, local: int, members: dict[str, np.void], table: dict,
                  wanted: np.ndarray) -> np.ndarray:

@@ -1,0 +1,137 @@
+"""Video clips per second: decoding the original files on the fly against stoker's two modes.
+
+Generated natural-looking videos (a slow pan over a real photograph, H.264 at the encoder's
+default long GOP with B-frames, 25 fps) in two class folders. Each method reads clips of 8
+frames at stride 2 from a random start, through a DataLoader with 2 worker processes:
+
+  (a) PyAV on the original files: open, seek to the keyframe before the start, decode forward
+      (what a hand-written video Dataset does);
+  (d) stoker frames mode (``stoker pack --video-mode frames``) + VideoClipDataset;
+  (e) stoker video mode (``--video-mode video``) + VideoClipDataset.
+
+Prints clips/s, the ratio to (a), and bytes on disk against the originals. One run, 2 cores.
+
+    .venv/bin/python bench/video.py                    # 24 videos of 10 s at 320x240
+    .venv/bin/python bench/video.py --size 640x480
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import torch.utils.data
+from PIL import Image
+
+import stoker
+from stoker.sample_data import make_sample_photos
+
+from _common import header
+
+CLIP, STRIDE = 8, 2
+
+
+def make_videos(root: Path, count: int, size: tuple[int, int], seconds: int) -> list[Path]:
+    """``count`` pans over real photographs, in two class folders (made once)."""
+    photos = sorted(make_sample_photos(root.parent / "video-photos", count=count, num_classes=1, seed=3).rglob("*.jpg"))
+    paths = []
+    for i, photo in enumerate(photos[:count]):
+        path = root / f"class_{i % 2}" / f"video_{i:03d}.mp4"
+        paths.append(path)
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        width, height = size
+        image = Image.open(photo).convert("RGB").resize((width * 2, height * 2))
+        frames = seconds * 25
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("libx264", rate=25)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            for t in range(frames):
+                x = int(t / frames * width)
+                y = int(t / frames * height / 2)
+                crop = np.asarray(image.crop((x, y, x + width, y + height)))
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(crop, format="rgb24")))
+            container.mux(stream.encode())
+    return paths
+
+
+class OnTheFly(torch.utils.data.Dataset):
+    """(a): PyAV on the original file, one seek per clip, decode forward."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with av.open(str(self.paths[i])) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            frames = stream.frames or 250
+            start = random.randrange(max(1, frames - CLIP * STRIDE))
+            wanted = set(range(start, start + CLIP * STRIDE, STRIDE))
+            step = 1 / float(stream.average_rate)
+            container.seek(int(start * step / stream.time_base), stream=stream, backward=True)
+            got = []
+            for frame in container.decode(stream):
+                index = round(float(frame.pts * stream.time_base) / step)
+                if index in wanted:
+                    got.append(frame.to_ndarray(format="rgb24"))
+                if index >= max(wanted) or len(got) == CLIP:
+                    break
+        return torch.from_numpy(np.stack(got[:CLIP]))
+
+
+def clips_per_second(dataset: torch.utils.data.Dataset, passes: int) -> float:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
+                                         sampler=list(range(len(dataset))) * passes)
+    iterator = iter(loader)
+    next(iterator)  # workers started
+    start = time.perf_counter()
+    n = sum(1 for _ in iterator)
+    return n / (time.perf_counter() - start)
+
+
+def folder_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("bench-data/video"))
+    parser.add_argument("--count", type=int, default=24)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--size", default="320x240")
+    parser.add_argument("--passes", type=int, default=4, help="clips per video in each measurement")
+    args = parser.parse_args()
+    header(f"video clips/s: {args.count} videos of {args.seconds} s at {args.size}, clips of {CLIP} at stride {STRIDE}")
+    size = tuple(int(v) for v in args.size.split("x"))
+    src = args.data / f"src-{args.size}"
+    paths = make_videos(src, args.count, size, args.seconds)
+    original = folder_bytes(src)
+    packed = {}
+    for mode in ("frames", "video"):
+        dst = args.data / f"{mode}-{args.size}"
+        if not (dst / "stoker.json").exists():
+            stoker.pack(src, dst, video_mode=mode, workers=os.cpu_count(), progress=False)
+        packed[mode] = dst
+    rows = {"(a) PyAV on the originals, seek per clip": OnTheFly(paths)}
+    for mode, dst in packed.items():
+        rows[f"({'d' if mode == 'frames' else 'e'}) stoker {mode} mode"] = stoker.VideoClipDataset(dst, CLIP, STRIDE)
+    rates = {name: clips_per_second(dataset, args.passes) for name, dataset in rows.items()}
+    base = next(iter(rates.values()))
+    print(f"| method | clips/s | vs (a) | bytes vs original ({original / 1e6:.1f} MB) |")
+    print("|---|---|---|---|")
+    for (name, rate), dst in zip(rates.items(), [src, *packed.values()], strict=True):
+        print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {folder_bytes(dst) / original:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
