@@ -3,6 +3,8 @@ through DataLoader workers too; bad videos rejected with a reason."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch.utils.data
@@ -94,3 +96,22 @@ def key_of(dataset, i):
 def test_an_image_data_set_is_not_a_video_data_set(packed):
     with pytest.raises(StokerError, match="not a video data set"):
         stoker.VideoClipDataset(packed)
+
+
+def test_video_mode_with_a_short_gop_keeps_every_frame_exact(video_folder, tmp_path):
+    result = stoker.pack(video_folder, tmp_path / "ds", video_mode="video", gop=4, progress=False, workers=2)
+    assert result.num_samples == len(FRAMES)
+    dataset = stoker.VideoClipDataset(tmp_path / "ds", clip_len=6, stride=3, seed=2)
+    for i in range(len(dataset)):
+        clip, _, frames = dataset[i]
+        assert [frame_number(image.numpy()) for image in clip] == frames.tolist()
+        shard, local = dataset.shards.locate(i)
+        reader = dataset.shards.reader(shard)
+        table = json.loads(bytes(reader.read_member(local, next(
+            m for m in reader.index.sample_members(local) if reader.index.fields[int(m["field"])] == "frames.json"))))
+        assert np.flatnonzero(table["keyframe"]).tolist() == list(range(0, len(table["pts"]), 4))
+
+
+def test_gop_needs_video_mode(video_folder, tmp_path):
+    with pytest.raises(StokerError, match="gop=4"):
+        stoker.pack(video_folder, tmp_path / "ds", video_mode="frames", gop=4, progress=False)

@@ -94,12 +94,14 @@ def pack(
     video_mode: str | None = None,
     fps: float | None = None,
     short_side: int | None = None,
+    gop: int | None = None,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
 
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
-    resize; ``quality``), ``"video"`` keeps the file's bytes; both add the frame table counted by
+    resize; ``quality``), ``"video"`` keeps the file's bytes (``gop``: re-encoded with a keyframe
+    every ``gop`` frames, no B-frames); both add the frame table counted by
     decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
     ``PackResult.notes``.
 
@@ -114,7 +116,7 @@ def pack(
         local = cache_root() / "pack" / hashlib.sha256(str(dst).encode()).hexdigest()[:24]
         result = pack(src, local, shard_bytes=shard_bytes, workers=workers, shuffle_seed=shuffle_seed,
                       max_side=max_side, quality=quality, verify_decode=verify_decode, strict=strict,
-                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side)
+                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side, gop=gop)
         publish(local, str(dst), storage_options=storage_options)
         shutil.rmtree(local, ignore_errors=True)
         return replace(result, dst=str(dst))
@@ -125,7 +127,9 @@ def pack(
     dst = Path(dst)
     check_destination(source, dst)
     image_options = ImageOptions(max_side, quality, verify_decode)
-    video = VideoOptions(video_mode, fps, short_side, quality) if video_mode else None
+    if gop is not None and (video_mode != "video" or gop < 1):
+        raise PackError(f"gop={gop}: a keyframe interval of 1 or more, with video_mode='video'")
+    video = VideoOptions(video_mode, fps, short_side, quality, gop) if video_mode else None
     plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image_options), shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
@@ -198,7 +202,7 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
     positions = plan.sample_positions(len(source), _SIZE_SAMPLE)
     sizes = [os.path.getsize(source.paths[i]) for i in positions if os.path.isfile(source.paths[i])]
     mean = float(np.mean(sizes)) if sizes else 1.0
-    if image.max_side is not None or (video is not None and video.mode == "frames"):
+    if image.max_side is not None or (video is not None and (video.mode == "frames" or video.gop is not None)):
         stored_sizes, original_sizes = [], []
         probe = ShardJob("", [], "", "", "", image, False, video)
         for i in positions[:: max(1, len(positions) // _REENCODE_SAMPLE)][:_REENCODE_SAMPLE]:

@@ -37,8 +37,12 @@ def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]
     try:
         if options.mode == "video":
             table = scan_video(data, path)
-            members = [(os.path.splitext(path)[1].lower().lstrip(".") or "video", data),
-                       (FRAME_TABLE_FIELD, _table_json(table, table.pts, table.keyframe))]
+            stored, extension = (data, os.path.splitext(path)[1].lower().lstrip(".") or "video")
+            if options.gop is not None:
+                stored, extension = _short_gop(data, path, table, options.gop), "mp4"
+            stored_table = scan_video(stored, path) if options.gop is not None else table
+            members = [(extension, stored), (FRAME_TABLE_FIELD, _table_json(stored_table, stored_table.pts,
+                                                                             stored_table.keyframe))]
         else:
             table, members = _frames(data, path, options)
     except VideoError as e:
@@ -69,6 +73,32 @@ def _frames(data: bytes, path: str, options: VideoOptions) -> tuple[FrameTable, 
         raise VideoError(f"{path}: {len(pts) - len(members)} frames did not decode the second time")
     frames = [(frame_field(i), members[int(p)]) for i, p in enumerate(pts)]
     return table, frames + [(FRAME_TABLE_FIELD, _table_json(table, pts, None))]
+
+
+def _short_gop(data: bytes, path: str, table: FrameTable, gop: int) -> bytes:
+    """The video re-encoded as H.264 in MP4 with a keyframe every ``gop`` frames and no B-frames,
+    so that any frame is at most gop - 1 decodes from a keyframe. Timestamps are kept (variable
+    frame rates stay variable); an odd width or height loses its last column or row (H.264 4:2:0
+    needs even sizes). CRF 23, x264's default quality (bench/video.py reports the PSNR)."""
+    width, height = table.width // 2 * 2, table.height // 2 * 2
+    out = io.BytesIO()
+    with open_video(data, path) as source, av.open(out, "w", format="mp4") as target:
+        stream = source.streams.video[0]
+        stream.thread_type = "AUTO"
+        encoded = target.add_stream("libx264")
+        encoded.width, encoded.height, encoded.pix_fmt = width, height, "yuv420p"
+        encoded.time_base = stream.time_base
+        encoded.codec_context.time_base = stream.time_base
+        encoded.options = {"g": str(gop), "keyint_min": str(gop), "bf": "0", "sc_threshold": "0", "crf": "23"}
+        try:
+            for frame in source.decode(stream):
+                picture = frame.reformat(width=width, height=height, format="yuv420p")
+                picture.pts, picture.time_base = frame.pts, stream.time_base
+                target.mux(encoded.encode(picture))
+            target.mux(encoded.encode())
+        except av.FFmpegError as e:
+            raise VideoError(f"{path}: re-encoding failed ({type(e).__name__}: {e})") from None
+    return out.getvalue()
 
 
 def _kept(table: FrameTable, fps: float | None) -> np.ndarray:
