@@ -23,7 +23,7 @@ from PIL import Image
 from stoker.format.layout import FRAME_TABLE_FIELD, frame_field
 from stoker.pack.images import BadInput
 from stoker.pack.shard_job import VideoOptions
-from stoker.video.table import FrameTable, VideoError, open_video, scan_video
+from stoker.video.table import FrameTable, VideoError, scan_video
 
 
 def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]], int, str | None]:
@@ -36,11 +36,12 @@ def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]
         raise BadInput(f"cannot read: {e.strerror or e}") from None
     try:
         if options.mode == "video":
-            table = scan_video(data, path)
-            stored, extension = (data, os.path.splitext(path)[1].lower().lstrip(".") or "video")
-            if options.gop is not None:
-                stored, extension = _short_gop(data, path, table, options.gop), "mp4"
-            stored_table = scan_video(stored, path) if options.gop is not None else table
+            if options.gop is None:
+                table = stored_table = scan_video(data, path)
+                stored, extension = data, os.path.splitext(path)[1].lower().lstrip(".") or "video"
+            else:
+                stored, table = _short_gop(data, path, options.gop)
+                extension, stored_table = "mp4", scan_video(stored, path)  # what is stored, counted
             members = [(extension, stored), (FRAME_TABLE_FIELD, _table_json(stored_table, stored_table.pts,
                                                                              stored_table.keyframe))]
         else:
@@ -54,51 +55,43 @@ def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]
 
 
 def _frames(data: bytes, path: str, options: VideoOptions) -> tuple[FrameTable, list[tuple[str, bytes]]]:
-    """Decode every frame once: the frame table and the JPEG members of the frames kept."""
-    table = scan_video(data, path)
-    keep = _kept(table, options.fps)
-    wanted = set(table.pts[keep].tolist())
-    members: dict[int, bytes] = {}
-    with open_video(data, path) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        try:
-            for frame in container.decode(stream):
-                if frame.pts in wanted:
-                    members[frame.pts] = _jpeg(frame.to_image(), options)
-        except av.FFmpegError as e:
-            raise VideoError(f"{path}: decoding failed ({type(e).__name__}: {e})") from None
-    pts = table.pts[keep]
-    if len(members) != len(pts):
-        raise VideoError(f"{path}: {len(pts) - len(members)} frames did not decode the second time")
-    frames = [(frame_field(i), members[int(p)]) for i, p in enumerate(pts)]
+    """Decode every frame once: the frame table, and the JPEG members of the frames kept (every
+    frame is encoded while it decodes; with ``fps`` the ones not kept are dropped afterwards:
+    cheaper than decoding the video a second time)."""
+    jpegs: dict[int, bytes] = {}
+    table = scan_video(data, path, each_frame=lambda frame: jpegs.__setitem__(frame.pts, _jpeg(frame.to_image(), options)))
+    pts = table.pts[_kept(table, options.fps)]
+    frames = [(frame_field(i), jpegs[int(p)]) for i, p in enumerate(pts)]
     return table, frames + [(FRAME_TABLE_FIELD, _table_json(table, pts, None))]
 
 
-def _short_gop(data: bytes, path: str, table: FrameTable, gop: int) -> bytes:
+def _short_gop(data: bytes, path: str, gop: int) -> tuple[bytes, FrameTable]:
     """The video re-encoded as H.264 in MP4 with a keyframe every ``gop`` frames and no B-frames,
-    so that any frame is at most gop - 1 decodes from a keyframe. Timestamps are kept (variable
-    frame rates stay variable); an odd width or height loses its last column or row (H.264 4:2:0
-    needs even sizes). CRF 23, x264's default quality (bench/video.py reports the PSNR)."""
-    width, height = table.width // 2 * 2, table.height // 2 * 2
+    so that any frame is at most gop - 1 decodes from a keyframe, encoded while the scan decodes.
+    Timestamps are kept (variable frame rates stay variable); an odd width or height loses its
+    last column or row (H.264 4:2:0 needs even sizes). CRF 23, x264's default quality
+    (bench/video.py reports the PSNR). Returns the new file and the source's frame table."""
     out = io.BytesIO()
-    with open_video(data, path) as source, av.open(out, "w", format="mp4") as target:
-        stream = source.streams.video[0]
-        stream.thread_type = "AUTO"
-        encoded = target.add_stream("libx264")
-        encoded.width, encoded.height, encoded.pix_fmt = width, height, "yuv420p"
-        encoded.time_base = stream.time_base
-        encoded.codec_context.time_base = stream.time_base
-        encoded.options = {"g": str(gop), "keyint_min": str(gop), "bf": "0", "sc_threshold": "0", "crf": "23"}
+    with av.open(out, "w", format="mp4") as target:
+        encoded = None
+
+        def encode(frame: av.VideoFrame) -> None:
+            nonlocal encoded
+            if encoded is None:
+                encoded = target.add_stream("libx264")
+                encoded.width, encoded.height, encoded.pix_fmt = frame.width // 2 * 2, frame.height // 2 * 2, "yuv420p"
+                encoded.time_base = encoded.codec_context.time_base = frame.time_base
+                encoded.options = {"g": str(gop), "keyint_min": str(gop), "bf": "0", "sc_threshold": "0", "crf": "23"}
+            picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
+            picture.pts, picture.time_base = frame.pts, frame.time_base
+            target.mux(encoded.encode(picture))
+
+        table = scan_video(data, path, each_frame=encode)
         try:
-            for frame in source.decode(stream):
-                picture = frame.reformat(width=width, height=height, format="yuv420p")
-                picture.pts, picture.time_base = frame.pts, stream.time_base
-                target.mux(encoded.encode(picture))
             target.mux(encoded.encode())
         except av.FFmpegError as e:
             raise VideoError(f"{path}: re-encoding failed ({type(e).__name__}: {e})") from None
-    return out.getvalue()
+    return out.getvalue(), table
 
 
 def _kept(table: FrameTable, fps: float | None) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -69,10 +70,12 @@ def open_video(source: str | os.PathLike | bytes, name: str) -> av.container.Inp
         raise VideoError(f"{name}: not a readable video ({_reason(e)})") from None
 
 
-def scan_video(source: str | os.PathLike | bytes, name: str | None = None) -> FrameTable:
+def scan_video(source: str | os.PathLike | bytes, name: str | None = None,
+               each_frame: Callable[[av.VideoFrame], None] | None = None) -> FrameTable:
     """Decode every frame of the first video stream of ``source`` (a path or the file's bytes)
     and return its frame table; VideoError for a file that is not a video, has no video stream,
-    or stops decoding part-way (a truncated file)."""
+    or stops decoding part-way (a truncated file). ``each_frame`` gets every decoded frame, in
+    the decoder's (presentation) order, so a caller that needs the pixels decodes only once."""
     name = name or (os.fspath(source) if not isinstance(source, bytes | bytearray) else "video")
     with open_video(source, name) as container:
         if not container.streams.video:
@@ -86,6 +89,8 @@ def scan_video(source: str | os.PathLike | bytes, name: str | None = None) -> Fr
                     raise VideoError(f"{name}: frame {len(pts)} has no timestamp; frames cannot be located exactly")
                 pts.append(frame.pts)
                 keys.append(frame.key_frame)
+                if each_frame is not None:
+                    each_frame(frame)
         except av.FFmpegError as e:
             raise VideoError(f"{name}: decoding stopped after {len(pts)} frames ({_reason(e)})") from None
         if not pts:
