@@ -115,3 +115,29 @@ def test_video_mode_with_a_short_gop_keeps_every_frame_exact(video_folder, tmp_p
 def test_gop_needs_video_mode(video_folder, tmp_path):
     with pytest.raises(StokerError, match="gop=4"):
         stoker.pack(video_folder, tmp_path / "ds", video_mode="frames", gop=4, progress=False)
+
+
+@pytest.mark.parametrize("mode", ["frames", "video"])
+def test_a_list_with_start_and_end_keeps_that_part(video_folder, tmp_path, mode):
+    listing = tmp_path / "videos.csv"
+    listing.write_text(f"path,label,start,end\n{video_folder}/a/cfr_bframes.mp4,walk,0.4,1.2\n"
+                       f"{video_folder}/b/long_gop.mp4,run,,\n{video_folder}/b/vfr.mkv,run,99,100\n")
+    result = stoker.pack(listing, tmp_path / "ds", video_mode=mode, progress=False, workers=1)
+    assert result.num_samples == 2 and "no frame between 99 s and 100" in result.rejected[0][1]
+    dataset = stoker.VideoClipDataset(tmp_path / "ds", clip_len=8, stride=3, sampling="uniform")
+    first = {"cfr_bframes": 10, "long_gop": 0}  # 0.4 s at 25 fps is frame 10
+    for i in range(len(dataset)):
+        clip, _, frames = dataset[i]
+        name = key_of(dataset, i).rsplit("/", 1)[-1]
+        numbers = [frame_number(image.numpy()) for image in clip]
+        assert numbers == [first[name] + f for f in frames.tolist()]  # positions among the frames kept
+        if name == "cfr_bframes":
+            assert max(numbers) <= 29  # 1.2 s is frame 30, not kept
+
+
+def test_start_and_end_columns_are_for_videos(tmp_path, photos):
+    listing = tmp_path / "images.csv"
+    image = next(photos.rglob("*.jpg"))
+    listing.write_text(f"{image},cat,0,1\n")
+    with pytest.raises(StokerError, match="expected 'path,label', got 4 columns"):
+        stoker.pack(listing, tmp_path / "ds", progress=False)

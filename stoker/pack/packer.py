@@ -170,10 +170,18 @@ def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_
     bounds = plan.shard_bounds(len(source), per_shard)
     jobs = []
     for number in range(len(bounds) - 1):
-        items = [(source.paths[i], source.keys[i], int(source.labels[i])) for i in order[bounds[number] : bounds[number + 1]]]
+        items = [(source.paths[i], source.keys[i], int(source.labels[i]), *_span_of(source, i))
+                 for i in order[bounds[number] : bounds[number + 1]]]
         jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst), str(work_dir),
                              image_options, strict, video))
     return jobs
+
+
+def _span_of(source: Source, i: int) -> tuple:
+    """``(start, end)`` seconds of video ``i`` (None where not given), or nothing for whole inputs."""
+    if source.spans is None:
+        return ()
+    return tuple(None if np.isnan(v) else float(v) for v in source.spans[i])
 
 
 def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:

@@ -47,11 +47,12 @@ class VideoOptions:
 
 @dataclass(frozen=True)
 class ShardJob:
-    """The samples planned for one shard, as (path, key, label) triples, and where it goes.
-    With ``video`` the inputs are videos, else images."""
+    """The samples planned for one shard, as (path, key, label) triples (for videos from a list
+    with start/end columns: (path, key, label, start, end)), and where it goes. With ``video``
+    the inputs are videos, else images."""
 
     name: str
-    items: list[tuple[str, str, int]]
+    items: list[tuple]
     digest: str
     dst: str
     work_dir: str
@@ -107,12 +108,13 @@ def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
     return field_name, data, len(data)
 
 
-def load_members(path: str, job: ShardJob) -> tuple[list[tuple[str, bytes]], int, str | None]:
-    """The members of one input (an image, or a video with ``job.video``), its size, and a note."""
+def load_members(path: str, job: ShardJob, span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None]:
+    """The members of one input (an image, or a video with ``job.video``, of which ``span`` is
+    the (start, end) seconds to keep), its size, and a note."""
     if job.video is not None:
         from stoker.pack.videos import load_video  # PyAV only when packing videos
 
-        return load_video(path, job.video)
+        return load_video(path, job.video, span)
     field_name, data, original_size = load_sample(path, job.image)
     return [(field_name, data)], original_size, None
 
@@ -125,9 +127,9 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
-            for path, key, label in job.items:
+            for path, key, label, *span in job.items:
                 try:
-                    members, original_size, note = load_members(path, job)
+                    members, original_size, note = load_members(path, job, tuple(span))
                 except BadInput as e:
                     if job.strict:
                         raise PackError(f"{path}: {e.reason} (stopped by --strict)") from None

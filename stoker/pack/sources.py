@@ -33,6 +33,7 @@ class Source:
     keys: list[str]
     labels: np.ndarray
     classes: list[str] | None
+    spans: np.ndarray | None = None  # videos: (start, end) seconds per path, NaN where not given
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -45,7 +46,7 @@ def open_source(src: str | os.PathLike, videos: bool = False) -> Source:
     if src.is_dir():
         return list_image_folder(src, VIDEO_EXTENSIONS if videos else IMAGE_EXTENSIONS)
     if src.is_file():
-        return read_path_list(src)
+        return read_path_list(src, videos)
     raise PackError(f"{src}: no such folder or list file")
 
 
@@ -70,31 +71,48 @@ def list_image_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     return Source(f"{what}_folder", root.resolve(), paths, keys, np.array(labels, dtype=np.int64), classes)
 
 
-def read_path_list(list_file: Path) -> Source:
-    """A CSV or TSV of ``path[,label]`` rows; an optional header row starts with ``path``.
+def read_path_list(list_file: Path, videos: bool = False) -> Source:
+    """A CSV or TSV of ``path[,label]`` rows (for videos ``path,label[,start,end]``, the part of
+    the video to keep, in seconds; either may be empty); an optional header row starts with ``path``.
 
     Relative paths are relative to the list's folder. Integer labels are kept as given; other
     labels are class names, indexed in sorted order as ImageFolder does.
     """
     delimiter = "\t" if list_file.suffix.lower() == ".tsv" else ","
     base = list_file.parent
-    rows, lines = [], []
+    rows, lines, spans = [], [], []
     with open(list_file, newline="", encoding="utf-8-sig") as f:
         for line, row in enumerate(csv.reader(f, delimiter=delimiter), 1):
             if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
                 continue
             if not rows and row[0].strip().lower() == "path":
                 continue
-            if len(row) > 2:
-                raise PackError(f"{list_file}:{line}: expected 'path{delimiter}label', got {len(row)} columns")
-            rows.append((row[0].strip(), row[1].strip() if len(row) == 2 else ""))
+            if len(row) > (4 if videos else 2):
+                expected = f"path{delimiter}label{delimiter}start{delimiter}end" if videos else f"path{delimiter}label"
+                raise PackError(f"{list_file}:{line}: expected '{expected}', got {len(row)} columns")
+            rows.append((row[0].strip(), row[1].strip() if len(row) >= 2 else ""))
+            spans.append(_span(row[2:], list_file, line))
             lines.append(line)
     if not rows:
         raise PackError(f"{list_file}: the list holds no paths")
     labels, classes = _parse_labels([label for _, label in rows], lines, list_file)
     paths = [str(base / p) for p, _ in rows]
     rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
-    return Source("path_list", list_file.resolve(), paths, make_keys(rel), labels, classes)
+    given = np.array(spans, dtype=np.float64).reshape(-1, 2)
+    return Source("path_list", list_file.resolve(), paths, make_keys(rel), labels, classes,
+                  given if videos and not np.isnan(given).all() else None)
+
+
+def _span(cells: list[str], list_file: Path, line: int) -> tuple[float, float]:
+    """(start, end) seconds from the optional columns of a video list row; NaN where empty."""
+    values = [cell.strip() for cell in cells] + ["", ""]
+    try:
+        start, end = (float(v) if v else float("nan") for v in values[:2])
+    except ValueError:
+        raise PackError(f"{list_file}:{line}: start and end must be seconds, got {cells}") from None
+    if start < 0 or end <= start:
+        raise PackError(f"{list_file}:{line}: need 0 <= start < end, got start {start}, end {end}")
+    return start, end
 
 
 def _parse_labels(raw: list[str], lines: list[int], list_file: Path) -> tuple[np.ndarray, list[str] | None]:

@@ -26,8 +26,10 @@ from stoker.pack.shard_job import VideoOptions
 from stoker.video.table import FrameTable, VideoError, scan_video
 
 
-def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]], int, str | None]:
+def load_video(path: str, options: VideoOptions, span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None]:
     """The members of one video, the source's size, and a note when its header count is wrong.
+    ``span``: (start, end) seconds from the first frame to keep (None: from the start, to the
+    end); in video mode the whole file is stored and its frame table lists only those frames.
     BadInput (with the reason) for a file that is not a readable video."""
     try:
         with open(path, "rb") as f:
@@ -42,10 +44,11 @@ def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]
             else:
                 stored, table = _short_gop(data, path, options.gop)
                 extension, stored_table = "mp4", scan_video(stored, path)  # what is stored, counted
-            members = [(extension, stored), (FRAME_TABLE_FIELD, _table_json(stored_table, stored_table.pts,
-                                                                             stored_table.keyframe))]
+            inside = _in_span(stored_table, span)
+            members = [(extension, stored), (FRAME_TABLE_FIELD, _table_json(stored_table, stored_table.pts[inside],
+                                                                             stored_table.keyframe[inside]))]
         else:
-            table, members = _frames(data, path, options)
+            table, members = _frames(data, path, options, span)
     except VideoError as e:
         raise BadInput(str(e).removeprefix(f"{path}: ")) from None
     note = None
@@ -54,13 +57,14 @@ def load_video(path: str, options: VideoOptions) -> tuple[list[tuple[str, bytes]
     return members, len(data), note
 
 
-def _frames(data: bytes, path: str, options: VideoOptions) -> tuple[FrameTable, list[tuple[str, bytes]]]:
+def _frames(data: bytes, path: str, options: VideoOptions, span: tuple) -> tuple[FrameTable, list[tuple[str, bytes]]]:
     """Decode every frame once: the frame table, and the JPEG members of the frames kept (every
     frame is encoded while it decodes; with ``fps`` the ones not kept are dropped afterwards:
     cheaper than decoding the video a second time)."""
     jpegs: dict[int, bytes] = {}
     table = scan_video(data, path, each_frame=lambda frame: jpegs.__setitem__(frame.pts, _jpeg(frame.to_image(), options)))
-    pts = table.pts[_kept(table, options.fps)]
+    kept = _kept(table, options.fps)
+    pts = table.pts[kept[_in_span(table, span)[kept]]]
     frames = [(frame_field(i), jpegs[int(p)]) for i, p in enumerate(pts)]
     return table, frames + [(FRAME_TABLE_FIELD, _table_json(table, pts, None))]
 
@@ -92,6 +96,17 @@ def _short_gop(data: bytes, path: str, gop: int) -> tuple[bytes, FrameTable]:
         except av.FFmpegError as e:
             raise VideoError(f"{path}: re-encoding failed ({type(e).__name__}: {e})") from None
     return out.getvalue(), table
+
+
+def _in_span(table: FrameTable, span: tuple) -> np.ndarray:
+    """Which frames lie in ``span`` (start, end) seconds from the first frame; BadInput if none do."""
+    start, end = (span + (None, None))[:2]
+    seconds = table.seconds
+    inside = (seconds >= (start or 0.0)) & (seconds < (end if end is not None else np.inf))
+    if not inside.any():
+        raise VideoError(f"no frame between {start or 0:g} s and {end if end is not None else 'the end'} "
+                         f"(the video lasts {float(seconds[-1]):.2f} s)")
+    return inside
 
 
 def _kept(table: FrameTable, fps: float | None) -> np.ndarray:

@@ -25,7 +25,8 @@ from stoker.video.table import FrameTable, VideoError
 class VideoClipDataset(torch.utils.data.Dataset):
     """Items are ``(clip, label, frames)``: ``clip`` a uint8 tensor (T, H, W, C) (``layout="TCHW"``
     for (T, C, H, W); with ``clips_per_video`` > 1 a leading clips dimension), ``frames`` the
-    frame indices used (positions in the video's decoded stream, in presentation order).
+    frame indices used: positions among the frames stored, in presentation order (all frames of
+    the decoded stream, or those kept by the pack's ``--fps`` and a list's start/end columns).
 
     ``sampling``: ``random`` (random start, every ``stride``-th frame), ``uniform`` (starts spread
     evenly; for evaluation), ``segments`` (TSN: one frame from each of ``clip_len`` equal parts);
