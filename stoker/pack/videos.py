@@ -13,7 +13,6 @@ container claimed (``header_frames``: 0 when it says nothing).
 from __future__ import annotations
 
 import io
-import json
 import os
 
 import av
@@ -45,8 +44,7 @@ def load_video(path: str, options: VideoOptions, span: tuple = ()) -> tuple[list
                 stored, table = _short_gop(data, path, options.gop)
                 extension, stored_table = "mp4", scan_video(stored, path)  # what is stored, counted
             inside = _in_span(stored_table, span)
-            members = [(extension, stored), (FRAME_TABLE_FIELD, _table_json(stored_table, stored_table.pts[inside],
-                                                                             stored_table.keyframe[inside]))]
+            members = [(extension, stored), (FRAME_TABLE_FIELD, stored_table.to_json(inside))]
         else:
             table, members = _frames(data, path, options, span)
     except VideoError as e:
@@ -64,9 +62,9 @@ def _frames(data: bytes, path: str, options: VideoOptions, span: tuple) -> tuple
     jpegs: dict[int, bytes] = {}
     table = scan_video(data, path, each_frame=lambda frame: jpegs.__setitem__(frame.pts, _jpeg(frame.to_image(), options)))
     kept = _kept(table, options.fps)
-    pts = table.pts[kept[_in_span(table, span)[kept]]]
-    frames = [(frame_field(i), jpegs[int(p)]) for i, p in enumerate(pts)]
-    return table, frames + [(FRAME_TABLE_FIELD, _table_json(table, pts, None))]
+    kept = kept[_in_span(table, span)[kept]]
+    frames = [(frame_field(i), jpegs[int(p)]) for i, p in enumerate(table.pts[kept])]
+    return table, frames + [(FRAME_TABLE_FIELD, table.to_json(kept, keyframes=False))]
 
 
 def _short_gop(data: bytes, path: str, gop: int) -> tuple[bytes, FrameTable]:
@@ -126,11 +124,3 @@ def _jpeg(image: Image.Image, options: VideoOptions) -> bytes:
     image.save(out, "JPEG", quality=options.quality)
     return out.getvalue()
 
-
-def _table_json(table: FrameTable, pts: np.ndarray, keyframe: np.ndarray | None) -> bytes:
-    data = {"pts": pts.tolist(), "time_base": [table.time_base.numerator, table.time_base.denominator],
-            "fps": table.fps, "size": [table.width, table.height], "codec": table.codec,
-            "header_frames": table.header_frames, "source_frames": len(table), "seekable": table.seekable}
-    if keyframe is not None:
-        data["keyframe"] = keyframe.astype(int).tolist()
-    return json.dumps(data).encode("utf-8")

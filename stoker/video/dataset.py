@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -16,7 +14,7 @@ from stoker.data.readers import ShardReader
 from stoker.data.shards import ShardSet
 from stoker.errors import CorruptDataError, StokerError
 from stoker.format import member_checksum
-from stoker.format.layout import FRAME_TABLE_FIELD, is_frame_field
+from stoker.format.layout import FRAME_TABLE_FIELD, frame_field
 from stoker.video.decode import decode_frames
 from stoker.video.sampling import Sampling, clip_indices
 from stoker.video.table import FrameTable, VideoError
@@ -68,11 +66,10 @@ class VideoClipDataset(torch.utils.data.Dataset):
         shard, local = self.shards.locate(int(index))
         reader = self.shards.reader(shard)
         members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
-        table = json.loads(bytes(reader.read_member(local, members[FRAME_TABLE_FIELD])))
-        times = (np.asarray(table["pts"], np.float64) - table["pts"][0]) * table["time_base"][0] / table["time_base"][1]
+        table = FrameTable.from_json(reader.read_member(local, members[FRAME_TABLE_FIELD]))
         rng = np.random.default_rng(None if self.seed is None else [self.seed, int(index)])
-        picks = clip_indices(len(table["pts"]), self.clip_len, self.stride, self.sampling, self.clips_per_video, rng,
-                             seconds=times, fps=self.fps)
+        picks = clip_indices(len(table), self.clip_len, self.stride, self.sampling, self.clips_per_video, rng,
+                             seconds=table.seconds, fps=self.fps)
         wanted = np.unique(picks)
         try:
             if self.mode == "frames":
@@ -92,8 +89,7 @@ class VideoClipDataset(torch.utils.data.Dataset):
 
     def _frames(self, reader: ShardReader, local: int, members: dict[str, np.void], wanted: np.ndarray) -> np.ndarray:
         """Frames ``wanted`` of a frames-mode sample: one read of their span, only they decoded."""
-        frames = sorted(name for name in members if is_frame_field(name))
-        chosen = [members[frames[i]] for i in wanted]
+        chosen = [members[frame_field(int(i))] for i in wanted]
         start = min(int(m["offset"]) for m in chosen)
         end = max(int(m["offset"]) + int(m["size"]) for m in chosen)
         span = reader.read_span(local, start, end)
@@ -114,12 +110,9 @@ class VideoClipDataset(torch.utils.data.Dataset):
                                        f"frame {int(i)} does not decode ({type(e).__name__}: {e})") from None
         return images
 
-    def _decoded(self, reader: ShardReader, local: int, members: dict[str, np.void], table: dict,
+    def _decoded(self, reader: ShardReader, local: int, members: dict[str, np.void], table: FrameTable,
                  wanted: np.ndarray) -> np.ndarray:
         """Frames ``wanted`` of a video-mode sample, decoded from the stored video."""
         video_field = next(name for name, kind in self.shards.manifest.schema.items() if kind == "video" and name in members)
         data = bytes(reader.read_member(local, members[video_field]))
-        frame_table = FrameTable(np.asarray(table["pts"], np.int64), np.asarray(table["keyframe"], bool),
-                                 Fraction(*table["time_base"]), table["size"][0], table["size"][1], table["codec"],
-                                 table["header_frames"], table.get("seekable", True))
-        return decode_frames(data, frame_table, wanted, name=f"{reader.path}:{reader.index.key(local)}")
+        return decode_frames(data, table, wanted, name=f"{reader.path}:{reader.index.key(local)}")

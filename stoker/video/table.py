@@ -6,6 +6,7 @@ disagree: an MKV header holds no count at all, some AVI and MP4 headers count wr
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -55,6 +56,27 @@ class FrameTable:
         """Mean frame rate over the video (frames per second); 0 for a single frame."""
         span = float(self.seconds[-1]) if len(self) > 1 else 0.0
         return (len(self) - 1) / span if span > 0 else 0.0
+
+    def to_json(self, keep: np.ndarray, keyframes: bool = True) -> bytes:
+        """The ``frames.json`` member of a packed video (plain data, no pickle): the frames
+        ``keep`` (indices or a mask) with their pts, and their keyframe flags when ``keyframes``
+        (frames mode leaves them out: every stored JPEG decodes alone), plus the source's time
+        base, frame rate, size, codec, claimed and counted frame counts, and seekability."""
+        data = {"pts": self.pts[keep].tolist(), "time_base": [self.time_base.numerator, self.time_base.denominator],
+                "fps": self.fps, "size": [self.width, self.height], "codec": self.codec,
+                "header_frames": self.header_frames, "source_frames": len(self), "seekable": self.seekable}
+        if keyframes:
+            data["keyframe"] = self.keyframe[keep].astype(int).tolist()
+        return json.dumps(data).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | memoryview) -> FrameTable:
+        """The table a ``frames.json`` member describes (see :meth:`to_json`)."""
+        table = json.loads(bytes(data))
+        pts = np.asarray(table["pts"], np.int64)
+        keyframe = np.asarray(table["keyframe"], bool) if "keyframe" in table else np.ones(len(pts), bool)
+        return cls(pts, keyframe, Fraction(*table["time_base"]), table["size"][0], table["size"][1], table["codec"],
+                   table["header_frames"], table.get("seekable", True))
 
     def keyframe_before(self, i: int) -> int:
         """The last keyframe at or before frame ``i`` (decoding frame ``i`` starts there)."""
