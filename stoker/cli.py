@@ -42,7 +42,7 @@ def _pack(args: argparse.Namespace) -> int:
     result = pack(args.src, args.dst, shard_bytes=args.shard_size, workers=args.workers,
                   shuffle_seed=args.shuffle_seed, max_side=args.max_side, quality=args.quality,
                   verify_decode=args.verify_decode, strict=args.strict, progress=not args.quiet,
-                  video_mode=args.video_mode, fps=args.fps, short_side=args.short_side, gop=args.gop)
+                  video_mode=args.video_mode, fps=args.fps, short_side=args.short_side, gop=args.gop, crf=args.crf)
     rate = result.source_bytes / result.seconds / 1e6 if result.seconds else 0.0
     print(f"packed {result.num_samples} samples into {result.num_shards} shards "
           f"({result.total_bytes / 1e6:.1f} MB) in {result.dst} in {result.seconds:.1f} s ({rate:.1f} MB/s read)")
@@ -182,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--short-side", type=int, default=None, help="frames mode: resize frames to this short side")
     p.add_argument("--gop", type=int, default=None,
                    help="video mode: re-encode (H.264) with a keyframe every N frames and no B-frames")
+    p.add_argument("--crf", type=int, default=23,
+                   help="with --gop: x264 quality, 0-51 (default 23, x264's own; higher: fewer bytes, coarser)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_pack)
 

@@ -54,6 +54,23 @@ def test_every_decoded_frame_is_the_frame_asked_for(videos, name):
     assert frame_number(from_bytes[0]) == frames // 2
 
 
+@pytest.mark.parametrize("name", list(KINDS))
+def test_frames_decoded_from_indexed_packets_are_the_frames_asked_for(videos, name):
+    path, frames = videos[name]
+    data = path.read_bytes()
+    table = scan_video(data)
+    if name == "mpeg4_bframes.avi":
+        assert table.packets is None  # not seekable: decoded from the start through the container
+    else:
+        assert table.packets is not None and len(table.packets.pts) == frames
+    rng = np.random.default_rng(1)
+    # runs within a group of pictures, jumps to later keyframes, repeats and a backward order
+    asks = [np.arange(frames), rng.integers(0, frames, 8), np.arange(0, frames, 7), [frames - 1, 0, frames // 2]]
+    for ask in asks:
+        got = decode_frames(data, table, np.asarray(ask))
+        assert [frame_number(image) for image in got] == list(ask)
+
+
 def test_far_apart_frames_seek_again_instead_of_decoding_everything(videos):
     path, _ = videos["cfr_bframes.mp4"]
     table = scan_video(path)

@@ -110,6 +110,11 @@ def test_video_mode_with_a_short_gop_keeps_every_frame_exact(video_folder, tmp_p
         table = json.loads(bytes(reader.read_member(local, next(
             m for m in reader.index.sample_members(local) if reader.index.fields[int(m["field"])] == "frames.json"))))
         assert np.flatnonzero(table["keyframe"]).tolist() == list(range(0, len(table["pts"]), 4))
+        assert len(table["packets"]["pts"]) == len(table["pts"])  # decoded from byte ranges, no container
+    stoker.pack(video_folder, tmp_path / "crf", video_mode="video", gop=4, crf=35, progress=False, workers=2)
+    assert _video_bytes(tmp_path / "crf") < _video_bytes(tmp_path / "ds")  # tiny frames: mostly container bytes
+    with pytest.raises(StokerError, match="crf=60"):
+        stoker.pack(video_folder, tmp_path / "bad", video_mode="video", gop=4, crf=60, progress=False)
 
 
 def test_gop_needs_video_mode(video_folder, tmp_path):
@@ -141,3 +146,14 @@ def test_start_and_end_columns_are_for_videos(tmp_path, photos):
     listing.write_text(f"{image},cat,0,1\n")
     with pytest.raises(StokerError, match="expected 'path,label', got 4 columns"):
         stoker.pack(listing, tmp_path / "ds", progress=False)
+
+
+def _video_bytes(root) -> int:
+    """The bytes of the stored videos (tar members named mp4) of a packed data set."""
+    dataset = stoker.VideoClipDataset(root)
+    total = 0
+    for i in range(len(dataset)):
+        shard, local = dataset.shards.locate(i)
+        index = dataset.shards.reader(shard).index
+        total += sum(int(m["size"]) for m in index.sample_members(local) if index.fields[int(m["field"])] == "mp4")
+    return total

@@ -95,13 +95,15 @@ def pack(
     fps: float | None = None,
     short_side: int | None = None,
     gop: int | None = None,
+    crf: int = 23,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
 
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
     resize; ``quality``), ``"video"`` keeps the file's bytes (``gop``: re-encoded with a keyframe
-    every ``gop`` frames, no B-frames); both add the frame table counted by
+    every ``gop`` frames, no B-frames, at x264 quality ``crf``: 23 is x264's default, higher
+    is smaller and coarser); both add the frame table counted by
     decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
     ``PackResult.notes``.
 
@@ -116,7 +118,7 @@ def pack(
         local = cache_root() / "pack" / hashlib.sha256(str(dst).encode()).hexdigest()[:24]
         result = pack(src, local, shard_bytes=shard_bytes, workers=workers, shuffle_seed=shuffle_seed,
                       max_side=max_side, quality=quality, verify_decode=verify_decode, strict=strict,
-                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side, gop=gop)
+                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side, gop=gop, crf=crf)
         publish(local, str(dst), storage_options=storage_options)
         shutil.rmtree(local, ignore_errors=True)
         return replace(result, dst=str(dst))
@@ -129,7 +131,9 @@ def pack(
     image_options = ImageOptions(max_side, quality, verify_decode)
     if gop is not None and (video_mode != "video" or gop < 1):
         raise PackError(f"gop={gop}: a keyframe interval of 1 or more, with video_mode='video'")
-    video = VideoOptions(video_mode, fps, short_side, quality, gop) if video_mode else None
+    if not 0 <= crf <= 51:
+        raise PackError(f"crf={crf}: x264's quality scale runs from 0 (lossless) to 51")
+    video = VideoOptions(video_mode, fps, short_side, quality, gop, crf) if video_mode else None
     plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image_options), shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),

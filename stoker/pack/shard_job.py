@@ -36,13 +36,14 @@ class VideoOptions:
     """How each video is stored (see stoker/pack/videos.py): ``mode`` frames | video; in frames
     mode, resampled to ``fps`` (None: every frame), the short side resized to ``short_side``
     (None: as is), JPEG ``quality``; in video mode, re-encoded with a keyframe every ``gop``
-    frames and no B-frames (None: the original bytes)."""
+    frames and no B-frames at x264 quality ``crf`` (None: the original bytes)."""
 
     mode: str = "frames"
     fps: float | None = None
     short_side: int | None = None
     quality: int = 90
     gop: int | None = None
+    crf: int = 23
 
 
 @dataclass(frozen=True)

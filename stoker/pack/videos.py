@@ -41,7 +41,7 @@ def load_video(path: str, options: VideoOptions, span: tuple = ()) -> tuple[list
                 table = stored_table = scan_video(data, path)
                 stored, extension = data, os.path.splitext(path)[1].lower().lstrip(".") or "video"
             else:
-                stored, table = _short_gop(data, path, options.gop)
+                stored, table = _short_gop(data, path, options.gop, options.crf)
                 extension, stored_table = "mp4", scan_video(stored, path)  # what is stored, counted
             inside = _in_span(stored_table, span)
             members = [(extension, stored), (FRAME_TABLE_FIELD, stored_table.to_json(inside))]
@@ -67,12 +67,12 @@ def _frames(data: bytes, path: str, options: VideoOptions, span: tuple) -> tuple
     return table, frames + [(FRAME_TABLE_FIELD, table.to_json(kept, keyframes=False))]
 
 
-def _short_gop(data: bytes, path: str, gop: int) -> tuple[bytes, FrameTable]:
+def _short_gop(data: bytes, path: str, gop: int, crf: int) -> tuple[bytes, FrameTable]:
     """The video re-encoded as H.264 in MP4 with a keyframe every ``gop`` frames and no B-frames,
     so that any frame is at most gop - 1 decodes from a keyframe, encoded while the scan decodes.
     Timestamps are kept (variable frame rates stay variable); an odd width or height loses its
-    last column or row (H.264 4:2:0 needs even sizes). CRF 23, x264's default quality
-    (bench/video.py reports the PSNR). Returns the new file and the source's frame table."""
+    last column or row (H.264 4:2:0 needs even sizes). Quality ``crf`` (x264's scale; bench/video.py
+    reports the PSNR). Returns the new file and the source's frame table."""
     out = io.BytesIO()
     with av.open(out, "w", format="mp4") as target:
         encoded = None
@@ -83,7 +83,7 @@ def _short_gop(data: bytes, path: str, gop: int) -> tuple[bytes, FrameTable]:
                 encoded = target.add_stream("libx264")
                 encoded.width, encoded.height, encoded.pix_fmt = frame.width // 2 * 2, frame.height // 2 * 2, "yuv420p"
                 encoded.time_base = encoded.codec_context.time_base = frame.time_base
-                encoded.options = {"g": str(gop), "keyint_min": str(gop), "bf": "0", "sc_threshold": "0", "crf": "23"}
+                encoded.options = {"g": str(gop), "keyint_min": str(gop), "bf": "0", "sc_threshold": "0", "crf": str(crf)}
             picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
             picture.pts, picture.time_base = frame.pts, frame.time_base
             target.mux(encoded.encode(picture))

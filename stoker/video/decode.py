@@ -1,5 +1,9 @@
-"""Exact frames from a video: seek to the keyframe before the first frame wanted, decode forward
-once, keep the frames wanted, matched by their presentation timestamp in the frame table."""
+"""Exact frames from a video: start at the keyframe before the first frame wanted, decode forward
+once, keep the frames wanted, matched by their presentation timestamp in the frame table.
+
+Where the table indexes the file's packets (stored videos from ``stoker pack``), the decoder gets
+the packets' byte ranges straight from the file's bytes; otherwise the container is opened and
+seeked with PyAV."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import av
 import numpy as np
 
-from stoker.video.table import FrameTable, VideoError, open_video
+from stoker.video.table import FrameTable, PacketIndex, VideoError, open_video
 
 
 def decode_frames(source: str | os.PathLike | bytes, table: FrameTable, indices: np.ndarray,
@@ -29,17 +33,14 @@ def decode_frames(source: str | os.PathLike | bytes, table: FrameTable, indices:
         raise IndexError(f"{name}: frames {indices.min()}..{indices.max()} out of range for {len(table)} frames")
     wanted = np.unique(indices)
     found: dict[int, np.ndarray] = {}
-    with open_video(source, name) as container:
-        stream = container.streams.video[0]
-        # No frame threads: a clip decodes a few dozen frames, and starting FFmpeg's thread pool
-        # per call cost more than it saved (one process, 320x240: 44 clips/s with AUTO, 72 without).
-        runs = _runs(table, wanted) if table.seekable else [wanted]
-        for number, run in enumerate(runs):
-            _decode_run(container, stream, table, run, found, name, seek=table.seekable or number > 0)
+    if table.packets is not None and isinstance(source, bytes | bytearray):
+        _decode_packets(source, table, table.packets, wanted, found, name)
+    else:
+        _decode_container(source, table, wanted, found, name)
     missing = [int(i) for i in wanted if int(table.pts[i]) not in found]
     if missing and table.seekable:
-        # A seek that resumed on other timestamps than the scan's (a file the scan's checks did
-        # not catch): those frames again, decoding from the first frame, where timestamps match.
+        # Decoding from a keyframe gave other timestamps than the scan's (a file the scan's checks
+        # did not catch): those frames again, decoding from the first frame, where they match.
         with open_video(source, name) as container:
             stream = container.streams.video[0]
             _decode_run(container, stream, table, np.asarray(missing), found, name, seek=False)
@@ -51,6 +52,52 @@ def decode_frames(source: str | os.PathLike | bytes, table: FrameTable, indices:
     for k, i in enumerate(indices):
         clip[k] = found[int(table.pts[i])]
     return clip
+
+
+def _decode_container(source: str | os.PathLike | bytes, table: FrameTable, wanted: np.ndarray,
+                      found: dict[int, np.ndarray], name: str) -> None:
+    """Frames ``wanted`` into ``found`` (by pts), opening the container and seeking per run."""
+    with open_video(source, name) as container:
+        stream = container.streams.video[0]
+        # No frame threads: a clip decodes a few dozen frames, and starting FFmpeg's thread pool
+        # per call cost more than it saved (one process, 320x240: 44 clips/s with AUTO, 72 without).
+        runs = _runs(table, wanted) if table.seekable else [wanted]
+        for number, run in enumerate(runs):
+            _decode_run(container, stream, table, run, found, name, seek=table.seekable or number > 0)
+
+
+def _decode_packets(data: bytes, table: FrameTable, packets: PacketIndex, wanted: np.ndarray,
+                    found: dict[int, np.ndarray], name: str) -> None:
+    """Frames ``wanted`` into ``found`` (by pts), handing the decoder each run's packets, from its
+    keyframe's to the last one a wanted frame needs (in decode order), then draining it."""
+    try:
+        decoder = av.CodecContext.create(table.codec, "r")
+        decoder.extradata = packets.extradata or None
+        decoder.thread_count = 1  # see _decode_container: a clip is too short for a thread pool
+        targets = {int(table.pts[i]) for i in wanted}
+        fed = -1
+        for run in _runs(table, wanted):
+            first = int(packets.position(table.pts[[table.keyframe_before(int(run[0]))]])[0])
+            last = int(packets.position(table.pts[run]).max())
+            if first > fed + 1:  # a jump to a later keyframe: finish the frames so far, start again
+                _keep(decoder.decode(None), targets, found)
+                decoder.flush_buffers()
+                fed = first - 1
+            for k in range(fed + 1, last + 1):
+                packet = av.Packet(data[packets.offset[k] : packets.offset[k] + packets.size[k]])
+                packet.pts = int(packets.pts[k])
+                _keep(decoder.decode(packet), targets, found)
+            fed = last
+        _keep(decoder.decode(None), targets, found)
+    except av.FFmpegError as e:
+        raise VideoError(f"{name}: decoding failed ({type(e).__name__}: {e})") from None
+
+
+def _keep(frames: list[av.VideoFrame], targets: set[int], found: dict[int, np.ndarray]) -> None:
+    """The frames among ``frames`` whose pts is in ``targets``, as RGB arrays into ``found``."""
+    for frame in frames:
+        if frame.pts in targets and frame.pts not in found:
+            found[frame.pts] = frame.to_ndarray(format="rgb24")
 
 
 def _runs(table: FrameTable, wanted: np.ndarray) -> list[np.ndarray]:
