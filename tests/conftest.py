@@ -12,6 +12,7 @@ from PIL import Image
 import stoker
 from stoker.sample_data import make_sample_photos
 from tests.s3server import S3Server
+from tests.videos import VIDEO_FRAMES, make_video
 
 PHOTOS = 96
 CLASSES = 4
@@ -80,3 +81,28 @@ def remote(s3, packed) -> str:
     s3.fs.mkdir("data")
     s3.fs.put(str(packed) + "/", "data/packed", recursive=True)
     return "s3://data/packed"
+
+
+
+
+@pytest.fixture(scope="session")
+def video_folder(tmp_path_factory) -> Path:
+    """Numbered-frame videos in two class folders (see tests/videos.py), a truncated and a garbage one."""
+    root = tmp_path_factory.mktemp("video_src") / "videos"
+    options = {"b/vfr.mkv": {"vfr_ms": [20, 20, 70]}, "b/mpeg4.avi": {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}},
+               "a/cfr_bframes.mp4": {"options": {"bf": "3"}},
+               "b/long_gop.mp4": {"options": {"g": "90", "bf": "3", "sc_threshold": "0"}}}
+    for name, frames in VIDEO_FRAMES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        make_video(root / name, frames, **options.get(name, {}))
+    (root / "a" / "truncated.mp4").write_bytes((root / "a" / "cfr_bframes.mp4").read_bytes()[:3000])
+    (root / "b" / "garbage.mkv").write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    return root
+
+
+@pytest.fixture(scope="session", params=["frames", "video"])
+def packed_videos(request, video_folder, tmp_path_factory):
+    """``video_folder`` packed in each video mode: (mode, folder, PackResult)."""
+    dst = tmp_path_factory.mktemp(f"video_{request.param}") / "ds"
+    result = stoker.pack(video_folder, dst, video_mode=request.param, shard_bytes=200_000, workers=2, progress=False)
+    return request.param, dst, result

@@ -11,30 +11,8 @@ import torch.utils.data
 
 import stoker
 from stoker.errors import StokerError
-from tests.videos import frame_number, make_video
-
-FRAMES = {"a/cfr_bframes.mp4": 60, "a/one_frame.mp4": 1, "b/vfr.mkv": 40, "b/mpeg4.avi": 30, "b/long_gop.mp4": 90}
-
-
-@pytest.fixture(scope="module")
-def video_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("video_src") / "videos"
-    options = {"b/vfr.mkv": {"vfr_ms": [20, 20, 70]}, "b/mpeg4.avi": {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}},
-               "a/cfr_bframes.mp4": {"options": {"bf": "3"}},
-               "b/long_gop.mp4": {"options": {"g": "90", "bf": "3", "sc_threshold": "0"}}}
-    for name, frames in FRAMES.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        make_video(root / name, frames, **options.get(name, {}))
-    (root / "a" / "truncated.mp4").write_bytes((root / "a" / "cfr_bframes.mp4").read_bytes()[:3000])
-    (root / "b" / "garbage.mkv").write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes())
-    return root
-
-
-@pytest.fixture(scope="module", params=["frames", "video"])
-def packed_videos(request, video_folder, tmp_path_factory):
-    dst = tmp_path_factory.mktemp(f"video_{request.param}") / "ds"
-    result = stoker.pack(video_folder, dst, video_mode=request.param, shard_bytes=200_000, workers=2, progress=False)
-    return request.param, dst, result
+from tests.videos import VIDEO_FRAMES as FRAMES
+from tests.videos import frame_number
 
 
 def test_bad_videos_are_rejected_with_a_reason(packed_videos):

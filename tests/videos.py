@@ -11,6 +11,8 @@ import av
 import numpy as np
 
 WIDTH, HEIGHT = 64, 48
+# the videos of the packed_videos fixture (tests/conftest.py): name -> frames
+VIDEO_FRAMES = {"a/cfr_bframes.mp4": 60, "a/one_frame.mp4": 1, "b/vfr.mkv": 40, "b/mpeg4.avi": 30, "b/long_gop.mp4": 90}
 
 
 def frame_image(i: int) -> np.ndarray:

@@ -38,9 +38,11 @@ def _unshared_pixels(shape: tuple[int, ...]) -> torch.Tensor:
 
 @dataclass
 class Batch:
-    """One batch in the making: cropped pixels (NHWC uint8), labels, the random draws behind the
-    crops, and, with a per-sample transform, each sample's transformed tensor."""
+    """One batch in the making: cropped pixels (NHWC uint8, or (N, T, H, W, C) for clips), labels,
+    the random draws behind the crops, and, with a per-sample transform, each sample's transformed
+    tensor."""
 
+    epoch: int
     number: int
     indices: np.ndarray
     images: torch.Tensor
@@ -51,8 +53,9 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchMaker:
-    """Reads, decodes, crops and (optionally) transforms the samples of a batch. Picklable: a
-    worker process gets a copy and makes whole batches with it."""
+    """Reads, decodes, crops and (optionally) transforms the images of a batch. Picklable: a
+    worker process gets a copy and makes whole batches with it. Subclasses make batches of other
+    samples (see stoker/loader/clips.py) by saying what one sample's pixels are."""
 
     dataset: ShardDataset
     crop: CropSpec
@@ -64,26 +67,36 @@ class BatchMaker:
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
         """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
         ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
-        out_h, out_w = self.crop.size
-        shape = (len(indices), out_h, out_w, 3)
+        shape = (len(indices), *self.sample_shape())
         images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else _unshared_pixels(shape)
         labels = torch.empty(len(indices), dtype=torch.int64)
         draws = draw_batch(self.seed, epoch, number * self.world_size + self.rank, len(indices), self.crop)
         transformed = [None] * len(indices) if self.transform is not None else None
-        return Batch(number, indices, images, labels, draws, transformed)
+        return Batch(epoch, number, indices, images, labels, draws, transformed)
+
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's pixels in the batch: (H, W, 3)."""
+        return (*self.crop.size, 3)
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
         """Read, decode and place the samples at ``positions`` of ``batch`` (any thread)."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
         for j in positions:
             index = int(batch.indices[j])
-            data, targets[j] = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
-            try:
-                decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), pixels[j])
-            except Exception as e:  # decoders raise many types for bad data
-                raise self.dataset.decode_error(index, e) from None
+            targets[j] = self.place(batch, int(j), pixels[j])
             if batch.transformed is not None:
-                batch.transformed[j] = self._transform(index, batch.images[j].permute(2, 0, 1))
+                channels_first = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
+                batch.transformed[j] = self._transform(index, channels_first)
+
+    def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
+        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label."""
+        index = int(batch.indices[j])
+        data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
+        try:
+            decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out)
+        except Exception as e:  # decoders raise many types for bad data
+            raise self.dataset.decode_error(index, e) from None
+        return label
 
     def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)``: NHWC uint8 pixels, or the transformed samples stacked."""

@@ -58,6 +58,12 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
     _crop_resize(image, (0, 0), image.shape[:2], (height, width), box, flip, out)
 
 
+def crop_into(image: np.ndarray, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
+    """Crop an already decoded (H, W, 3) ``image`` as ``spec`` and ``tries`` say into ``out``, as :func:`decode_into`."""
+    box = crop_box(spec, image.shape[0], image.shape[1], tries)
+    _crop_resize(image, (0, 0), image.shape[:2], image.shape[:2], box, flip, out)
+
+
 def _dct_scale(spec: CropSpec, box: tuple[int, int, int, int]) -> int:
     """The largest power-of-two reduction (1, 2, 4, 8) at which the crop ``box`` still has at least
     the output's pixels. libjpeg-turbo also scales by other M/8, but measured here those are slower

@@ -7,6 +7,9 @@
                           ─> optional per-sample transform
     __iter__ yields (images, labels) in order; images are NCHW views of NHWC memory (channels_last)
 
+A VideoClipDataset gives batches of clips the same way (stoker/loader/clips.py): (B, T, H, W, 3),
+one crop and flip per clip.
+
 By default no worker processes: nothing is pickled, copied between processes or started per
 epoch. With ``processes=N`` (for per-sample transforms that hold the GIL) a torch DataLoader's
 workers each make whole batches with the same code, into shared memory.
@@ -18,7 +21,7 @@ import os
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -31,11 +34,20 @@ from stoker.data.readahead import Lookahead
 from stoker.loader.batches import Batch, BatchMaker, SampleTransform
 from stoker.loader.crops import CropSpec
 
+if TYPE_CHECKING:
+    from stoker.video.dataset import VideoClipDataset
+
 Order = Literal["quasi_random", "random", "sequential"]
 
 
 class Loader:
     """Iterate ``(images, labels)`` batches of ``dataset`` (a ShardDataset), like a DataLoader.
+
+    With a :class:`stoker.VideoClipDataset` the batches are clips, (B, T, H, W, 3) uint8 (with
+    several clips per video, (B, clips, T, H, W, 3)): ``crop`` cuts every frame of a clip the same
+    way, each frame decoded at the smallest JPEG DCT scale the crop allows (frames mode). The
+    frames of each clip are chosen as the data set's ``sampling`` says, drawn from the loader's
+    ``seed`` and epoch. ``layout`` defaults to the data set's (THWC, or TCHW for (B, T, 3, H, W)).
 
     ``crop`` says what every image becomes (see :class:`CropSpec`; default RandomResizedCrop to
     224x224 with flips). ``order``: ``quasi_random`` (default; blocks of a shard shuffled, read
@@ -48,8 +60,8 @@ class Loader:
     rank gets a disjoint share of equal length, padded by repeating the start of the order unless
     ``drop_last``, so every rank yields the same number of batches.
 
-    ``transform`` runs on every sample after the crop: it gets a (3, H, W) uint8 tensor (what
-    torchvision v2 transforms take) and returns a tensor; the batch is those tensors stacked, and
+    ``transform`` runs on every sample after the crop: it gets a (3, H, W) uint8 tensor, or
+    (T, 3, H, W) for a clip (what torchvision v2 transforms take) and returns a tensor; the batch is those tensors stacked, and
     ``layout`` no longer applies. A transform that holds the GIL (most Python code) serializes the
     threads: give ``processes=N`` to make batches in N worker processes instead (``mp_context``:
     ``fork``, ``spawn`` or ``forkserver``; default the platform's).
@@ -57,7 +69,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: ShardDataset | VideoClipDataset,
         batch_size: int,
         *,
         crop: CropSpec | None = None,
@@ -67,7 +79,7 @@ class Loader:
         seed: int = 0,
         drop_last: bool = False,
         window: int = 16,
-        layout: Literal["NCHW", "NHWC"] = "NCHW",
+        layout: Literal["NCHW", "NHWC"] | None = None,
         device: torch.device | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -75,13 +87,14 @@ class Loader:
         processes: int = 0,
         mp_context: str | None = None,
     ) -> None:
-        if dataset.transform is not None or dataset.target_transform is not None:
+        if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
             raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
-                             "pass Loader(transform=...) and a ShardDataset without transform/target_transform")
+                             "pass Loader(transform=...) and a data set without transform/target_transform")
         if order not in ("quasi_random", "random", "sequential"):
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
-        if layout not in ("NCHW", "NHWC"):
+        if layout not in ("NCHW", "NHWC", None):
             raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
+        self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
         self.crop = crop or CropSpec()
@@ -93,7 +106,8 @@ class Loader:
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
-        self.layout = layout
+        clips = self._maker_type is not BatchMaker
+        self.layout = layout or ("NCHW" if not clips or dataset.layout == "TCHW" else "NHWC")
         self.device = torch.device(device) if device is not None else None
         self.rank, self.world_size = _distributed(rank, world_size)
         self.processes = processes
@@ -129,7 +143,7 @@ class Loader:
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
-        maker = BatchMaker(self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
+        maker = self._maker_type(self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
         make = self._in_processes if self.processes > 0 else self._in_threads
         batches = make(maker, share, hints, ahead)
         try:
@@ -207,7 +221,7 @@ class Loader:
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layout == "NCHW" and self.transform is None:
-            images = images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: torch.channels_last
+            images = images.movedim(-1, -3)  # NCHW view of NHWC memory: torch.channels_last (per frame of a clip)
         if self.device is not None and self.device.type != "cpu":
             images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
@@ -223,6 +237,18 @@ class _EpochBatches(Dataset):
     def __getitem__(self, number: int) -> tuple[torch.Tensor, torch.Tensor]:
         indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
         return self.maker.make(self.epoch, number, indices)
+
+
+def _maker_type(dataset: ShardDataset | VideoClipDataset) -> type[BatchMaker]:
+    """What makes the batches of ``dataset``: images, or video clips."""
+    if isinstance(dataset, ShardDataset):
+        return BatchMaker
+    from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
+    from stoker.video.dataset import VideoClipDataset
+
+    if not isinstance(dataset, VideoClipDataset):
+        raise TypeError(f"Loader reads a ShardDataset or a VideoClipDataset, got {type(dataset).__name__}")
+    return ClipBatchMaker
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

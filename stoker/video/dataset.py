@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -63,21 +65,22 @@ class VideoClipDataset(torch.utils.data.Dataset):
         return list(self.shards.manifest.classes or [])
 
     def __getitem__(self, index: int) -> tuple[Any, int, torch.Tensor]:
-        shard, local = self.shards.locate(int(index))
-        reader = self.shards.reader(shard)
-        members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
-        table = FrameTable.from_json(reader.read_member(local, members[FRAME_TABLE_FIELD]))
+        video = self.open_video(int(index))
         rng = np.random.default_rng(None if self.seed is None else [self.seed, int(index)])
-        picks = clip_indices(len(table), self.clip_len, self.stride, self.sampling, self.clips_per_video, rng,
-                             seconds=table.seconds, fps=self.fps)
+        picks = self.pick_frames(video, rng)
         wanted = np.unique(picks)
-        try:
-            if self.mode == "frames":
-                images = self._frames(reader, local, members, wanted)
-            else:
-                images = self._decoded(reader, local, members, table, wanted)
-        except VideoError as e:
-            raise CorruptDataError(reader.path, reader.index.key(local), str(e)) from None
+        if self.mode == "frames":
+            images: np.ndarray | None = None
+            for k, (i, data) in enumerate(zip(wanted, self.frame_jpegs(video, wanted), strict=True)):
+                with video.failure(f"frame {int(i)} does not decode"):
+                    if images is None:  # every frame of a video has the first one's size
+                        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+                        images = np.empty((len(wanted), height, width, 3), np.uint8)
+                    # simplejpeg straight into the clip array: ~25% less CPU per frame than Pillow
+                    # (see stoker/loader/decode_crop.py), and no copy to stack the frames
+                    simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])
+        else:
+            images = self.decode_video(video, wanted)
         clip = torch.from_numpy(images[np.searchsorted(wanted, picks)])
         if self.layout == "TCHW":
             clip = clip.permute(0, 1, 4, 2, 3)
@@ -85,34 +88,76 @@ class VideoClipDataset(torch.utils.data.Dataset):
             clip, picks = clip[0], picks[0]
         if self.transform is not None:
             clip = self.transform(clip)
-        return clip, int(reader.index.labels[local]), torch.from_numpy(picks)
+        return clip, video.label, torch.from_numpy(picks)
 
-    def _frames(self, reader: ShardReader, local: int, members: dict[str, np.void], wanted: np.ndarray) -> np.ndarray:
-        """Frames ``wanted`` of a frames-mode sample: one read of their span, only they decoded."""
-        chosen = [members[frame_field(int(i))] for i in wanted]
+    def key(self, index: int) -> str:
+        """The key of sample ``index`` (its path in the source, without the extension)."""
+        shard, local = self.shards.locate(index)
+        return self.shards.reader(shard).index.key(local)
+
+    def open_video(self, index: int) -> StoredVideo:
+        """Sample ``index``: where it is, its members and its frame table."""
+        shard, local = self.shards.locate(index)
+        reader = self.shards.reader(shard)
+        members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
+        table = FrameTable.from_json(reader.read_member(local, members[FRAME_TABLE_FIELD]))
+        return StoredVideo(reader, local, members, table)
+
+    def pick_frames(self, video: StoredVideo, rng: np.random.Generator) -> np.ndarray:
+        """The frame indices of this sample's clips, (clips_per_video, clip_len), as ``sampling`` says."""
+        return clip_indices(len(video.table), self.clip_len, self.stride, self.sampling, self.clips_per_video, rng,
+                            seconds=video.table.seconds, fps=self.fps)
+
+    def frame_jpegs(self, video: StoredVideo, wanted: np.ndarray) -> list[bytes | memoryview]:
+        """The JPEG bytes of frames ``wanted`` (sorted) of a frames-mode sample: one read of their
+        span, each frame checked against its checksum."""
+        chosen = [video.members[frame_field(int(i))] for i in wanted]
         start = min(int(m["offset"]) for m in chosen)
         end = max(int(m["offset"]) + int(m["size"]) for m in chosen)
-        span = reader.read_span(local, start, end)
-        images: np.ndarray | None = None
-        for k, (member, i) in enumerate(zip(chosen, wanted, strict=True)):
+        span = video.reader.read_span(video.local, start, end)
+        frames = []
+        for member, i in zip(chosen, wanted, strict=True):
             data = span[int(member["offset"]) - start : int(member["offset"]) - start + int(member["size"])]
             if self.verify and member_checksum(data) != int(member["checksum"]):
-                raise CorruptDataError(reader.path, reader.index.key(local), f"checksum mismatch in frame {int(i)}")
-            try:
-                if images is None:  # every frame of a video has the first one's size
-                    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-                    images = np.empty((len(wanted), height, width, 3), np.uint8)
-                # simplejpeg straight into the clip array: ~25% less CPU per frame than Pillow
-                # (see stoker/loader/decode_crop.py), and no copy to stack the frames
-                simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])
-            except Exception as e:  # a damaged frame: the decoder's own error type
-                raise CorruptDataError(reader.path, reader.index.key(local),
-                                       f"frame {int(i)} does not decode ({type(e).__name__}: {e})") from None
-        return images
+                raise video.error(f"checksum mismatch in frame {int(i)}")
+            frames.append(data)
+        return frames
 
-    def _decoded(self, reader: ShardReader, local: int, members: dict[str, np.void], table: FrameTable,
-                 wanted: np.ndarray) -> np.ndarray:
-        """Frames ``wanted`` of a video-mode sample, decoded from the stored video."""
-        video_field = next(name for name, kind in self.shards.manifest.schema.items() if kind == "video" and name in members)
-        data = bytes(reader.read_member(local, members[video_field]))
-        return decode_frames(data, table, wanted, name=f"{reader.path}:{reader.index.key(local)}")
+    def decode_video(self, video: StoredVideo, wanted: np.ndarray) -> np.ndarray:
+        """Frames ``wanted`` of a video-mode sample, decoded from the stored video, (T, H, W, 3) uint8."""
+        field = next(name for name, kind in self.shards.manifest.schema.items() if kind == "video" and name in video.members)
+        data = bytes(video.reader.read_member(video.local, video.members[field]))
+        try:
+            return decode_frames(data, video.table, wanted, name=f"{video.reader.path}:{video.key}")
+        except VideoError as e:
+            raise video.error(str(e).removeprefix(f"{video.reader.path}:{video.key}: ")) from None
+
+
+@dataclass(frozen=True)
+class StoredVideo:
+    """One packed video: its shard reader, position there, members (by field) and frame table."""
+
+    reader: ShardReader
+    local: int
+    members: dict[str, np.void]
+    table: FrameTable
+
+    @property
+    def key(self) -> str:
+        return self.reader.index.key(self.local)
+
+    @property
+    def label(self) -> int:
+        return int(self.reader.index.labels[self.local])
+
+    def error(self, reason: str) -> CorruptDataError:
+        """A CorruptDataError naming this video's shard, key and ``reason``."""
+        return CorruptDataError(self.reader.path, self.key, reason)
+
+    @contextmanager
+    def failure(self, what: str) -> Iterator[None]:
+        """Turn a decoder's error (any type) into :meth:`error`: ``what`` and the decoder's message."""
+        try:
+            yield
+        except Exception as e:
+            raise self.error(f"{what} ({type(e).__name__}: {e})") from None
