@@ -1,18 +1,26 @@
-"""Video clips per second: decoding the original files on the fly against stoker's two modes.
+"""Video clips per second, and wrong frames: the usual readers on the original files against stoker.
 
-Generated natural-looking videos (a slow pan over a real photograph with sensor noise, H.264 at
-the encoder's default long GOP with B-frames, 25 fps) in two class folders. Each method reads clips of 8
-frames at stride 2 from a random start, in batches of 16 clips, through a DataLoader with 2
-worker processes:
+Speed: generated natural-looking videos (a slow pan over a real photograph with sensor noise,
+H.264 at x264's defaults: long GOP, B-frames; 25 fps) in two class folders. Each method reads
+clips of 8 frames at stride 2 from a random start (the start drawn from the header's frame
+count, as a hand-written Dataset does), in batches of 16 clips:
 
-  (a) PyAV on the original files: open, seek to the keyframe before the start, decode forward
-      (what a hand-written video Dataset does);
-  (d) stoker frames mode (``stoker pack --video-mode frames``) + VideoClipDataset;
-  (e) stoker video mode (``--video-mode video``) + VideoClipDataset, as stored and with
-      ``--gop 8`` (re-encoded: a keyframe every 8 frames, no B-frames).
+  (a) PyAV on the original files: open, seek to the keyframe before the start, decode forward;
+  (b) OpenCV VideoCapture, one CAP_PROP_POS_FRAMES seek per clip;
+  (c) decord 0.6 VideoReader.get_batch (unmaintained), and torchcodec if it imports;
+  (d) stoker frames mode (``stoker pack --video-mode frames``);
+  (e) stoker video mode (``--video-mode video``), as stored and re-encoded with ``--gop 8``.
 
-Prints clips/s, the ratio to (a), bytes on disk against the originals, and for the re-encoded
-video the PSNR of its frames against the original's. One run, 2 cores.
+(a)-(e) run through a DataLoader with 2 worker processes, one clip per item; the Loader rows run
+stoker.Loader (threads, whole batches, no worker processes) on the same packs, with the frames
+passed through at full size, and once cutting a RandomResizedCrop to 112x112 (frames decoded at
+reduced DCT scale). Prints clips/s, the ratio to (a), bytes on disk against the originals, and
+for re-encoded video the PSNR of its frames against the original's decode.
+
+Wrong frames: small videos whose frames carry their index in their pixels (tests/videos.py):
+B-frames in MP4, an MKV remux (no frame count in the header), variable frame rate, MPEG-4 with
+B-frames in AVI. Each reader is asked for 30 clips per file; a frame is wrong when the index it
+carries is not the index asked for.
 
     .venv/bin/python bench/video.py                    # 24 videos of 10 s at 320x240
     .venv/bin/python bench/video.py --size 640x480
@@ -21,25 +29,33 @@ video the PSNR of its frames against the original's. One run, 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import av
+import cv2
 import numpy as np
 import torch.utils.data
 from PIL import Image
 
 import stoker
+from stoker.loader import CropSpec
 from stoker.sample_data import make_sample_photos
 from stoker.video import decode_frames, scan_video
 
 from _common import header
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/videos.py: the numbered-frame videos
+from tests.videos import frame_number, make_video  # noqa: E402
+
 CLIP, STRIDE, BATCH = 8, 2, 16
 NOISE = 4.0  # standard deviation of the per-pixel noise, in 8-bit levels
+ClipReader = Callable[[str, list[int]], list[np.ndarray]]
 
 
 def make_videos(root: Path, count: int, size: tuple[int, int], seconds: int) -> list[Path]:
@@ -71,34 +87,82 @@ def make_videos(root: Path, count: int, size: tuple[int, int], seconds: int) -> 
     return paths
 
 
-class OnTheFly(torch.utils.data.Dataset):
-    """(a): PyAV on the original file, one seek per clip, decode forward."""
+def pyav_clip(path: str, wanted: list[int]) -> list[np.ndarray]:
+    """(a): seek to the time of the first frame, decode forward, index frames by time x rate."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        step = 1 / float(stream.average_rate)
+        container.seek(int(wanted[0] * step / stream.time_base), stream=stream, backward=True)
+        got = {}
+        for frame in container.decode(stream):
+            index = round(float(frame.pts * stream.time_base) / step)
+            if index in wanted:
+                got[index] = frame.to_ndarray(format="rgb24")
+            if index >= wanted[-1]:
+                break
+    return [got[i] for i in wanted if i in got]
 
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
+
+def opencv_clip(path: str, wanted: list[int]) -> list[np.ndarray]:
+    """(b): one CAP_PROP_POS_FRAMES seek, then read forward (grab only the frames skipped)."""
+    capture = cv2.VideoCapture(path)
+    capture.set(cv2.CAP_PROP_POS_FRAMES, wanted[0])
+    got = []
+    for index in range(wanted[0], wanted[-1] + 1):
+        if not capture.grab():
+            break
+        if index in wanted:
+            got.append(cv2.cvtColor(capture.retrieve()[1], cv2.COLOR_BGR2RGB))
+    capture.release()
+    return got
+
+
+def decord_clip(path: str, wanted: list[int]) -> list[np.ndarray]:
+    """(c): decord's VideoReader (one thread: the DataLoader's workers are the parallelism)."""
+    import decord
+
+    return list(decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1).get_batch(wanted).asnumpy())
+
+
+def optional_readers() -> dict[str, ClipReader | str]:
+    """(c): decord and torchcodec where they import, else why not."""
+    readers: dict[str, ClipReader | str] = {}
+    try:
+        import decord  # noqa: F401
+
+        readers["(c) decord 0.6 get_batch"] = decord_clip
+    except ImportError as e:
+        readers["(c) decord"] = f"not importable ({e})"
+    try:
+        from torchcodec.decoders import VideoDecoder
+
+        readers["(c) torchcodec get_frames_at"] = lambda path, wanted: list(
+            VideoDecoder(path, dimension_order="NHWC").get_frames_at(wanted).data.numpy())
+    except Exception as e:  # noqa: BLE001 - a wheel without its CUDA libraries raises OSError
+        readers["(c) torchcodec"] = f"not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    return readers
+
+
+class OriginalClips(torch.utils.data.Dataset):
+    """Clips of the original files by ``read``, from a random start within the header's frame count."""
+
+    def __init__(self, paths: list[Path], read: ClipReader) -> None:
+        self.read = read
+        self.paths = [str(p) for p in paths]
+        self.frames = []
+        for path in self.paths:
+            with av.open(path) as container:
+                self.frames.append(container.streams.video[0].frames or 250)
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with av.open(str(self.paths[i])) as container:
-            stream = container.streams.video[0]
-            frames = stream.frames or 250
-            start = random.randrange(max(1, frames - CLIP * STRIDE))
-            wanted = set(range(start, start + CLIP * STRIDE, STRIDE))
-            step = 1 / float(stream.average_rate)
-            container.seek(int(start * step / stream.time_base), stream=stream, backward=True)
-            got = []
-            for frame in container.decode(stream):
-                index = round(float(frame.pts * stream.time_base) / step)
-                if index in wanted:
-                    got.append(frame.to_ndarray(format="rgb24"))
-                if index >= max(wanted) or len(got) == CLIP:
-                    break
-        return torch.from_numpy(np.stack(got[:CLIP]))
+        start = random.randrange(max(1, self.frames[i] - CLIP * STRIDE))
+        return torch.from_numpy(np.stack(self.read(self.paths[i], list(range(start, start + CLIP * STRIDE, STRIDE)))))
 
 
-def clips_per_second(dataset: torch.utils.data.Dataset, passes: int) -> float:
+def dataloader_rate(dataset: torch.utils.data.Dataset, passes: int) -> float:
     """Clips/s in batches of 16 from a DataLoader with 2 workers, after the first batch."""
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=2, collate_fn=_clips,
                                          sampler=list(range(len(dataset))) * passes)
@@ -106,6 +170,16 @@ def clips_per_second(dataset: torch.utils.data.Dataset, passes: int) -> float:
     next(iterator)  # workers started
     start = time.perf_counter()
     n = sum(len(batch) for batch in iterator)
+    return n / (time.perf_counter() - start)
+
+
+def loader_rate(dataset: stoker.VideoClipDataset, crop: CropSpec, passes: int) -> float:
+    """Clips/s from stoker.Loader (threads), after the first batch."""
+    loader = stoker.Loader(dataset, batch_size=BATCH, crop=crop)
+    batches = (clips for _ in range(passes) for clips, _ in loader)
+    next(batches)
+    start = time.perf_counter()
+    n = sum(len(clips) for clips in batches)
     return n / (time.perf_counter() - start)
 
 
@@ -119,14 +193,10 @@ def psnr(dataset: stoker.VideoClipDataset, paths: list[Path]) -> float:
     by_key = {f"{p.parent.name}/{p.stem}": p for p in paths}
     errors = []
     for i in range(len(dataset)):
-        shard, local = dataset.shards.locate(i)
-        reader = dataset.shards.reader(shard)
-        members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
-        table_json = json.loads(bytes(reader.read_member(local, members["frames.json"])))
-        stored = bytes(reader.read_member(local, members["mp4"]))
-        frames = np.arange(0, len(table_json["pts"]), 10)
-        original = by_key[reader.index.key(local)]
-        ours = decode_frames(stored, scan_video(stored), frames).astype(np.float64)
+        video = dataset.open_video(i)
+        frames = np.arange(0, len(video.table), 10)
+        ours = dataset.decode_video(video, frames).astype(np.float64)
+        original = by_key[video.key]
         theirs = decode_frames(original, scan_video(original), frames).astype(np.float64)
         errors.append(np.mean((ours - theirs) ** 2))
     return float(10 * np.log10(255**2 / np.mean(errors)))
@@ -136,35 +206,117 @@ def folder_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
+def tricky_videos(root: Path) -> dict[str, tuple[Path, int]]:
+    """Numbered-frame videos that trip readers up: name -> (path, frames that decode)."""
+    folder = root / "src" / "tricky"  # one class folder, packed below
+    folder.mkdir(parents=True, exist_ok=True)
+    made = {
+        "MP4, H.264 with B-frames": (make_video(folder / "bframes.mp4", 120, options={"bf": "3"}), 120),
+        "MKV, variable frame rate": (make_video(folder / "vfr.mkv", 120, vfr_ms=[20, 20, 70]), 120),
+        "AVI, MPEG-4 with B-frames": (make_video(folder / "mpeg4.avi", 120, codec="mpeg4",
+                                                 options={"bf": "2", "g": "12"}), 120),
+    }
+    remux = folder / "remux.mkv"  # the MP4's packets in Matroska: the header holds no frame count
+    with av.open(str(made["MP4, H.264 with B-frames"][0])) as src, av.open(str(remux), "w") as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                dst.mux(packet)
+    made["MKV remux of the MP4"] = (remux, 120)
+    return made
+
+
+def wrong_frames(readers: dict[str, ClipReader], root: Path, clips: int = 30) -> None:
+    """Print, per reader and file, the frames that carry another index than the one asked for."""
+    videos = tricky_videos(root)
+    print(f"\nwrong frames of {clips} clips ({CLIP} frames, stride {STRIDE}) per file; '-' = the reader failed")
+    print("| reader | " + " | ".join(videos) + " |")
+    print("|---|" + "---|" * len(videos))
+    starts = np.random.default_rng(0).integers(0, 120 - CLIP * STRIDE, clips)
+    for name, read in readers.items():
+        cells = []
+        for path, _ in videos.values():
+            try:
+                wrong = 0
+                for start in starts:
+                    wanted = list(range(int(start), int(start) + CLIP * STRIDE, STRIDE))
+                    got = [frame_number(image) for image in read(str(path), wanted)]
+                    wrong += sum(g != w for g, w in zip(got, wanted)) + CLIP - len(got)  # missing frames count
+                cells.append(f"{wrong} / {clips * CLIP}")
+            except Exception as e:  # noqa: BLE001 - a reader that fails is a result
+                cells.append(f"- ({type(e).__name__})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for mode in ("frames", "video"):  # stoker: the same files packed; frames named by the dataset's own indices
+        dst = root / f"packed-{mode}"
+        if not (dst / "stoker.json").exists():
+            stoker.pack(root / "src", dst, video_mode=mode, workers=1, progress=False)
+        dataset = stoker.VideoClipDataset(dst, CLIP, STRIDE, clips_per_video=clips, seed=0)
+        by_key = {dataset.key(i): i for i in range(len(dataset))}
+        cells = []
+        for path, _ in videos.values():
+            clip, _, frames = dataset[by_key[f"tricky/{path.stem}"]]
+            got = np.array([[frame_number(image.numpy()) for image in one] for one in clip])
+            cells.append(f"{int((got != frames.numpy()).sum())} / {clips * CLIP}")
+        print(f"| stoker {mode} mode | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("bench-data/video"))
     parser.add_argument("--count", type=int, default=24)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--size", default="320x240")
-    parser.add_argument("--passes", type=int, default=4, help="clips per video in each measurement")
+    parser.add_argument("--passes", type=int, default=8, help="clips per video in each measurement")
+    parser.add_argument("--only", action="append", default=[],
+                        help="measure only the rows whose name holds this text ((a) always; repeatable)")
     args = parser.parse_args()
     header(f"video clips/s: {args.count} videos of {args.seconds} s at {args.size}, clips of {CLIP} at stride {STRIDE}")
-    size = tuple(int(v) for v in args.size.split("x"))
+    width, height = (int(v) for v in args.size.split("x"))
     src = args.data / f"src-{args.size}-noise{NOISE:g}"
-    paths = make_videos(src, args.count, size, args.seconds)
-    original = folder_bytes(src)
-    packed = {}
-    for name, mode, gop in (("(d) stoker frames mode", "frames", None), ("(e) stoker video mode", "video", None),
-                            ("(e) stoker video mode, --gop 8", "video", 8)):
-        dst = args.data / f"{mode}{gop or ''}-{args.size}-noise{NOISE:g}"
+    paths = make_videos(src, args.count, (width, height), args.seconds)
+    packs = {}
+    for mode, gop, crf in (("frames", None, 23), ("video", None, 23), ("video", 8, 23), ("video", 8, 26)):
+        dst = args.data / f"{mode}{gop or ''}{f'-crf{crf}' if gop else ''}-{args.size}-noise{NOISE:g}"
         if not (dst / "stoker.json").exists():
-            stoker.pack(src, dst, video_mode=mode, gop=gop, workers=os.cpu_count(), progress=False)
-        packed[name] = dst
-    rows = {"(a) PyAV on the originals, seek per clip": OnTheFly(paths)}
-    rows.update({name: stoker.VideoClipDataset(dst, CLIP, STRIDE) for name, dst in packed.items()})
-    rates = {name: clips_per_second(dataset, args.passes) for name, dataset in rows.items()}
-    base = next(iter(rates.values()))
+            stoker.pack(src, dst, video_mode=mode, gop=gop, crf=crf, workers=os.cpu_count(), progress=False)
+        packs[(mode, gop, crf)] = dst
+    readers = {"(a) PyAV, seek per clip": pyav_clip, "(b) OpenCV, CAP_PROP_POS_FRAMES per clip": opencv_clip}
+    readers.update(optional_readers())
+    full = CropSpec("resize", size=(height, width), flip=False)
+    small = CropSpec(size=(112, 112))
+    clips = lambda key: stoker.VideoClipDataset(packs[key], CLIP, STRIDE)  # noqa: E731
+    rows: list[tuple[str, Callable[[], float] | str, Path]] = [
+        (name, (lambda r=read: dataloader_rate(OriginalClips(paths, r), args.passes)) if callable(read) else read, src)
+        for name, read in readers.items()]
+    for label, key in (("(d) stoker frames mode", ("frames", None, 23)), ("(e) stoker video mode", ("video", None, 23)),
+                       ("(e) stoker video mode, --gop 8", ("video", 8, 23)),
+                       ("(e) stoker video mode, --gop 8 --crf 26", ("video", 8, 26))):
+        rows.append((f"{label}, VideoClipDataset", lambda k=key: dataloader_rate(clips(k), args.passes), packs[key]))
+        if key[0] == "frames" or key[1]:
+            rows.append((f"{label}, Loader", lambda k=key: loader_rate(clips(k), full, args.passes), packs[key]))
+    rows.append(("(d) stoker frames mode, Loader, RandomResizedCrop 112", lambda: loader_rate(
+        clips(("frames", None, 23)), small, args.passes), packs[("frames", None, 23)]))
+    original = folder_bytes(src)
     print(f"| method | clips/s | vs (a) | bytes vs original ({original / 1e6:.1f} MB) |")
     print("|---|---|---|---|")
-    for (name, rate), dst in zip(rates.items(), [src, *packed.values()], strict=True):
-        print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {folder_bytes(dst) / original:.2f} |")
-    print(f"PSNR of the --gop 8 frames against the original's: {psnr(rows['(e) stoker video mode, --gop 8'], paths):.1f} dB")
+    base = None
+    for name, measure, folder in rows:
+        if args.only and not name.startswith("(a)") and not any(text in name for text in args.only):
+            continue
+        if isinstance(measure, str):
+            print(f"| {name} | {measure} | | |")
+            continue
+        rate = measure()
+        base = base or rate
+        print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {folder_bytes(folder) / original:.2f} |", flush=True)
+    if args.only:
+        return
+    for crf in (23, 26):
+        print(f"PSNR of the --gop 8 --crf {crf} frames against the original's: "
+              f"{psnr(clips(('video', 8, crf)), paths):.1f} dB")
+    with tempfile.TemporaryDirectory() as tmp:
+        wrong_frames({name: read for name, read in readers.items() if callable(read)}, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=None, help="frames mode: keep frames at this rate (default: all)")
     p.add_argument("--short-side", type=int, default=None, help="frames mode: resize frames to this short side")
     p.add_argument("--gop", type=int, default=None,
-                   help="video mode: re-encode (H.264) with a keyframe every N frames and no B-frames")
+                   help="video mode: re-encode (H.264) with a keyframe every N frames (any frame at most N-1 decodes away)")
     p.add_argument("--crf", type=int, default=23,
                    help="with --gop: x264 quality, 0-51 (default 23, x264's own; higher: fewer bytes, coarser)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -102,7 +102,7 @@ def pack(
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
     resize; ``quality``), ``"video"`` keeps the file's bytes (``gop``: re-encoded with a keyframe
-    every ``gop`` frames, no B-frames, at x264 quality ``crf``: 23 is x264's default, higher
+    every ``gop`` frames, at x264 quality ``crf``: 23 is x264's default, higher
     is smaller and coarser); both add the frame table counted by
     decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
     ``PackResult.notes``.

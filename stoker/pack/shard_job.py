@@ -36,7 +36,7 @@ class VideoOptions:
     """How each video is stored (see stoker/pack/videos.py): ``mode`` frames | video; in frames
     mode, resampled to ``fps`` (None: every frame), the short side resized to ``short_side``
     (None: as is), JPEG ``quality``; in video mode, re-encoded with a keyframe every ``gop``
-    frames and no B-frames at x264 quality ``crf`` (None: the original bytes)."""
+    frames at x264 quality ``crf`` (None: the original bytes)."""
 
     mode: str = "frames"
     fps: float | None = None
