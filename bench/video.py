@@ -276,7 +276,7 @@ def main() -> None:
     src = args.data / f"src-{args.size}-noise{NOISE:g}"
     paths = make_videos(src, args.count, (width, height), args.seconds)
     packs = {}
-    for mode, gop, crf in (("frames", None, 23), ("video", None, 23), ("video", 8, 23), ("video", 8, 26)):
+    for mode, gop, crf in (("frames", None, 23), ("video", None, 23), ("video", 8, 23), ("video", 8, 27)):
         dst = args.data / f"{mode}{gop or ''}{f'-crf{crf}' if gop else ''}-{args.size}-noise{NOISE:g}"
         if not (dst / "stoker.json").exists():
             stoker.pack(src, dst, video_mode=mode, gop=gop, crf=crf, workers=os.cpu_count(), progress=False)
@@ -291,7 +291,7 @@ def main() -> None:
         for name, read in readers.items()]
     for label, key in (("(d) stoker frames mode", ("frames", None, 23)), ("(e) stoker video mode", ("video", None, 23)),
                        ("(e) stoker video mode, --gop 8", ("video", 8, 23)),
-                       ("(e) stoker video mode, --gop 8 --crf 26", ("video", 8, 26))):
+                       ("(e) stoker video mode, --gop 8 --crf 27", ("video", 8, 27))):
         rows.append((f"{label}, VideoClipDataset", lambda k=key: dataloader_rate(clips(k), args.passes), packs[key]))
         if key[0] == "frames" or key[1]:
             rows.append((f"{label}, Loader", lambda k=key: loader_rate(clips(k), full, args.passes), packs[key]))
@@ -312,7 +312,7 @@ def main() -> None:
         print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {folder_bytes(folder) / original:.2f} |", flush=True)
     if args.only:
         return
-    for crf in (23, 26):
+    for crf in (23, 27):
         print(f"PSNR of the --gop 8 --crf {crf} frames against the original's: "
               f"{psnr(clips(('video', 8, crf)), paths):.1f} dB")
     with tempfile.TemporaryDirectory() as tmp:
