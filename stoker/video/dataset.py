@@ -81,7 +81,9 @@ class VideoClipDataset(torch.utils.data.Dataset):
                     simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])
         else:
             images = self.decode_video(video, wanted)
-        clip = torch.from_numpy(images[np.searchsorted(wanted, picks)])
+        order = np.searchsorted(wanted, picks)
+        in_order = order.shape[0] == 1 and np.array_equal(order[0], np.arange(len(wanted)))
+        clip = torch.from_numpy(images[None] if in_order else images[order])  # no copy for the usual clip
         if self.layout == "TCHW":
             clip = clip.permute(0, 1, 4, 2, 3)
         if self.clips_per_video == 1:
