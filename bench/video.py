@@ -22,7 +22,7 @@ B-frames in MP4, an MKV remux (no frame count in the header), variable frame rat
 B-frames in AVI. Each reader is asked for 30 clips per file; a frame is wrong when the index it
 carries is not the index asked for.
 
-    .venv/bin/python bench/video.py                    # 24 videos of 10 s at 320x240
+    .venv/bin/python bench/video.py                    # 48 videos of 10 s at 320x240
     .venv/bin/python bench/video.py --size 640x480
 """
 
@@ -264,7 +264,7 @@ def wrong_frames(readers: dict[str, ClipReader], root: Path, clips: int = 30) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("bench-data/video"))
-    parser.add_argument("--count", type=int, default=24)
+    parser.add_argument("--count", type=int, default=48)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--size", default="320x240")
     parser.add_argument("--passes", type=int, default=8, help="clips per video in each measurement")
@@ -277,9 +277,11 @@ def main() -> None:
     paths = make_videos(src, args.count, (width, height), args.seconds)
     packs = {}
     for mode, gop, crf in (("frames", None, 23), ("video", None, 23), ("video", 8, 23), ("video", 8, 27)):
-        dst = args.data / f"{mode}{gop or ''}{f'-crf{crf}' if gop else ''}-{args.size}-noise{NOISE:g}"
+        dst = args.data / f"{mode}{gop or ''}{f'-crf{crf}' if gop else ''}-{args.size}-{args.count}-noise{NOISE:g}"
         if not (dst / "stoker.json").exists():
-            stoker.pack(src, dst, video_mode=mode, gop=gop, crf=crf, workers=os.cpu_count(), progress=False)
+            listing = src / f"first-{args.count}.csv"  # the first --count videos (the folder may hold more)
+            listing.write_text("".join(f"{p.relative_to(src)},{p.parent.name}\n" for p in paths))
+            stoker.pack(listing, dst, video_mode=mode, gop=gop, crf=crf, workers=os.cpu_count(), progress=False)
         packs[(mode, gop, crf)] = dst
     readers = {"(a) PyAV, seek per clip": pyav_clip, "(b) OpenCV, CAP_PROP_POS_FRAMES per clip": opencv_clip}
     readers.update(optional_readers())
@@ -297,7 +299,7 @@ def main() -> None:
             rows.append((f"{label}, Loader", lambda k=key: loader_rate(clips(k), full, args.passes), packs[key]))
     rows.append(("(d) stoker frames mode, Loader, RandomResizedCrop 112", lambda: loader_rate(
         clips(("frames", None, 23)), small, args.passes), packs[("frames", None, 23)]))
-    original = folder_bytes(src)
+    original = sum(p.stat().st_size for p in paths)
     print(f"| method | clips/s | vs (a) | bytes vs original ({original / 1e6:.1f} MB) |")
     print("|---|---|---|---|")
     base = None
@@ -309,7 +311,8 @@ def main() -> None:
             continue
         rate = measure()
         base = base or rate
-        print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {folder_bytes(folder) / original:.2f} |", flush=True)
+        stored = folder_bytes(folder) if folder != src else original
+        print(f"| {name} | {rate:.1f} | {rate / base:.1f}x | {stored / original:.2f} |", flush=True)
     if args.only:
         return
     for crf in (23, 27):
