@@ -1,0 +1,211 @@
+"""Photometric augmentations, one parameter per sample, in two backends.
+
+Each op follows torchvision's functional definition (adjust_brightness, adjust_contrast,
+adjust_saturation, adjust_hue, rgb_to_grayscale, gaussian_blur, normalize). ``apply`` works on a
+float batch (n, 3, H, W) in [0, 1] with torch, the factor a tensor of one value per sample, so a
+whole batch on the GPU is a handful of vectorized passes. ``apply_image(x, p, spare)`` does the
+same to one (H, W, 3) float32 image with OpenCV and numpy, the CPU backend, writing into ``x``
+or the scratch array ``spare`` (of x's shape) and returning the one holding the result: per image, each pass stays in
+the cache and OpenCV's colour conversions are vectorized (measured here on 224x224: the HSV hue
+round trip 58 us per image, against ~600 us per image for the torch version on CPU).
+A sample the op's ``p`` leaves out gets the identity parameter (factor 1, shift 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, torchvision's weights
+_GRAY_ROW = np.array([_GRAY], np.float32)
+_GRAY_ROWS = np.repeat(_GRAY_ROW, 3, axis=0)  # luma into each of the three channels
+
+
+def gray(x: torch.Tensor) -> torch.Tensor:
+    """Luma (n, 1, H, W) of an RGB batch."""
+    r, g, b = x.unbind(1)
+    return (_GRAY[0] * r + _GRAY[1] * g + _GRAY[2] * b).unsqueeze(1)
+
+
+def adjust_brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return (x * factor.view(-1, 1, 1, 1)).clamp_(0, 1)
+
+
+def adjust_contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Blend with the mean luma of each image."""
+    mean = gray(x).mean(dim=(1, 2, 3), keepdim=True)
+    f = factor.view(-1, 1, 1, 1)
+    return (x * f + mean * (1 - f)).clamp_(0, 1)
+
+
+def adjust_saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Blend with the image's own luma."""
+    f = factor.view(-1, 1, 1, 1)
+    return (x * f + gray(x) * (1 - f)).clamp_(0, 1)
+
+
+def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate the HSV hue of each image by ``shift`` (in turns, -0.5..0.5).
+
+    Value (the largest channel) and chroma (largest minus smallest) are kept, so the result is
+    written straight from the shifted hue: channel = max - chroma * clamp(min(k, 4 - k), 0, 1)
+    with k = (n + 6 * hue) mod 6 and n = 5, 3, 1 for red, green, blue. That is HSV-to-RGB
+    without building S and V (the same values as torchvision's conversion up to float rounding)
+    and in fewer passes over the pixels.
+    """
+    r, g, b = x.unbind(1)
+    high, low = x.amax(dim=1), x.amin(dim=1)
+    chroma = high - low
+    safe = torch.where(chroma > 0, chroma, torch.ones_like(chroma))
+    # hue in sixths of a turn, by which channel is the largest (red first on ties, as torchvision)
+    hue = torch.where(high == r, (g - b) / safe,
+                      torch.where(high == g, 2 + (b - r) / safe, 4 + (r - g) / safe))
+    hue = torch.remainder(hue + 6 * shift.view(-1, 1, 1), 6)
+    out = torch.empty_like(x)
+    for channel, n in enumerate((5, 3, 1)):
+        k = torch.remainder(hue + n, 6)
+        out[:, channel] = high - chroma * torch.minimum(k, 4 - k).clamp_(0, 1)
+    return out
+
+
+def to_grayscale(x: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """Samples where ``on`` is 1 become gray (luma in all three channels)."""
+    w = on.view(-1, 1, 1, 1)
+    return x * (1 - w) + gray(x) * w
+
+
+def gaussian_blur(x: torch.Tensor, kernel_size: int, sigma: torch.Tensor) -> torch.Tensor:
+    """Separable Gaussian blur, ``sigma`` per sample (0: untouched), reflected borders."""
+    n, c, h, w = x.shape
+    radius = kernel_size // 2
+    offsets = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
+    s = sigma.to(x.dtype).view(-1, 1)
+    kernel = torch.where(s > 0, torch.exp(-0.5 * (offsets / s.clamp(min=1e-6)) ** 2), (offsets == 0).to(x.dtype))
+    kernel = (kernel / kernel.sum(dim=1, keepdim=True)).repeat_interleave(c, dim=0)  # (n * c, k)
+    flat = F.pad(x.reshape(1, n * c, h, w), (radius, radius, radius, radius), mode="reflect")
+    flat = F.conv2d(flat, kernel.view(n * c, 1, 1, -1), groups=n * c)
+    flat = F.conv2d(flat, kernel.view(n * c, 1, -1, 1), groups=n * c)
+    return flat.view(n, c, h, w)
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """Brightness, contrast and saturation factors drawn in [1 - v, 1 + v] and a hue shift in
+    [-hue, hue] turns, per sample, applied with probability ``p``. The order is fixed
+    (brightness, contrast, saturation, hue); torchvision draws a random order per call."""
+
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+    p: float = 1.0
+
+    def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        on = rng.random(n) < self.p
+        factors = {name: np.where(on, rng.uniform(max(0.0, 1 - v), 1 + v, n), 1.0)
+                   for name, v in (("brightness", self.brightness), ("contrast", self.contrast),
+                                   ("saturation", self.saturation))}
+        return factors | {"hue": np.where(on, rng.uniform(-self.hue, self.hue, n), 0.0)}
+
+    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.brightness:
+            x = adjust_brightness(x, params["brightness"])
+        if self.contrast:
+            x = adjust_contrast(x, params["contrast"])
+        if self.saturation:
+            x = adjust_saturation(x, params["saturation"])
+        if self.hue:
+            x = adjust_hue(x, params["hue"])
+        return x
+
+    def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
+        if self.brightness:
+            np.multiply(x, np.float32(p["brightness"]), out=x)
+            np.clip(x, 0, 1, out=x)
+        if self.contrast:
+            c = p["contrast"]
+            mean = float(np.dot(_GRAY_ROW[0], cv2.mean(x)[:3]))  # the mean of the luma
+            np.multiply(x, np.float32(c), out=x)
+            np.add(x, np.float32(mean * (1 - c)), out=x)
+            np.clip(x, 0, 1, out=x)
+        if self.saturation:
+            s = p["saturation"]
+            x, spare = cv2.transform(x, (s * np.eye(3) + (1 - s) * _GRAY_ROWS).astype(np.float32), dst=spare), x
+            np.clip(x, 0, 1, out=x)
+        if self.hue:
+            hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV, dst=spare)  # float: hue in degrees
+            cv2.add(hsv, (360 * p["hue"], 0.0, 0.0, 0.0), dst=hsv)  # OpenCV wraps hues outside [0, 360) itself
+            x = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=x)
+        return x
+
+
+@dataclass(frozen=True)
+class Grayscale:
+    """Gray (luma in all three channels) with probability ``p`` per sample."""
+
+    p: float = 0.1
+
+    def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        return {"on": (rng.random(n) < self.p).astype(np.float64)}
+
+    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return to_grayscale(x, params["on"])
+
+    def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
+        return cv2.transform(x, _GRAY_ROWS, dst=spare) if p["on"] else x
+
+
+@dataclass(frozen=True)
+class GaussianBlur:
+    """Gaussian blur with ``sigma`` drawn in the range per sample, with probability ``p``."""
+
+    kernel_size: int = 9
+    sigma: tuple[float, float] = (0.1, 2.0)
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be odd and positive, got {self.kernel_size}")
+
+    def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        return {"sigma": np.where(rng.random(n) < self.p, rng.uniform(*self.sigma, n), 0.0)}
+
+    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return gaussian_blur(x, self.kernel_size, params["sigma"])
+
+    def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
+        if p["sigma"] <= 0:
+            return x
+        size = (self.kernel_size, self.kernel_size)  # torch's "reflect" padding is OpenCV's REFLECT_101
+        return cv2.GaussianBlur(x, size, dst=spare, sigmaX=p["sigma"], sigmaY=p["sigma"],
+                                borderType=cv2.BORDER_REFLECT_101)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """(x - mean) / std per channel; no randomness. Defaults: ImageNet's."""
+
+    mean: Sequence[float] = (0.485, 0.456, 0.406)
+    std: Sequence[float] = (0.229, 0.224, 0.225)
+
+    def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        return {}
+
+    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        mean = x.new_tensor(self.mean).view(1, -1, 1, 1)
+        scale = 1 / x.new_tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) * scale
+
+    def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
+        # one 3x4 colour transform: numpy broadcasting over a last axis of 3 took ~300 us here
+        scale = 1 / np.asarray(self.std, np.float64)
+        matrix = np.concatenate([np.diag(scale), (-np.asarray(self.mean) * scale)[:, None]], axis=1)
+        return cv2.transform(x, matrix.astype(np.float32), dst=spare)
+
+
+PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, Normalize)

@@ -1,0 +1,59 @@
+"""The CPU backend: each image warped and coloured on its own with OpenCV and numpy, the images of
+a batch spread over threads (OpenCV releases the GIL).
+
+Per image, every pass works on a few hundred KB that stay in the cache, in scratch arrays each
+thread reuses from image to image, and OpenCV's warp and colour conversions are vectorized.
+Measured here on one core, for a 224x224 image: warpAffine ~100 us against ~630 us for torch's
+affine_grid + grid_sample; the HSV hue round trip 58 us against ~600 us for the torch version.
+Fresh arrays per image cost more than the work: a 600 KB array is mapped in page by page.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from stoker.augment.geometry import warp_image
+
+_scratch = threading.local()
+
+
+def _buffers(shape: tuple[int, int, int], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's scratch arrays for images of ``shape``: the warped source (``dtype``) and two float32."""
+    key = (shape, np.dtype(dtype))
+    if getattr(_scratch, "key", None) != key:
+        _scratch.key = key
+        _scratch.arrays = (np.empty(shape, dtype), np.empty(shape, np.float32), np.empty(shape, np.float32))
+    return _scratch.arrays
+
+
+def augment_images(images: Sequence[np.ndarray], maps: np.ndarray | None, out_size: tuple[int, int],
+                   ops: Sequence, params: Sequence[dict[str, np.ndarray]], out: np.ndarray,
+                   pool: ThreadPoolExecutor, threads: int) -> None:
+    """Write image ``i`` of ``images`` ((H, W, C), uint8 or float in [0, 1]), resampled through
+    ``maps[i]`` to ``out_size`` and put through the photometric ``ops`` with its ``params``,
+    into ``out[i]`` ((out_h, out_w, C) float32), using ``threads`` threads of ``pool``."""
+
+    def run(indices: range) -> None:
+        for i in indices:
+            image = images[i]
+            warped, x, spare = _buffers((*out_size, image.shape[-1]), image.dtype)
+            if maps is not None:
+                image = warp_image(image, maps[i], out_size, dst=warped)
+            np.multiply(image, np.float32(1 / 255 if image.dtype == np.uint8 else 1), out=x)
+            for op, p in zip(ops, params, strict=True):
+                result = op.apply_image(x, {name: float(values[i]) for name, values in p.items()}, spare)
+                if result is spare:
+                    x, spare = spare, x
+            out[i] = x
+
+    # each thread a contiguous block of the output: threads writing into interleaved images of one
+    # fresh (huge) page wait on each other's page faults (measured: 97-269 ms per batch of 256)
+    n = len(images)
+    bounds = np.linspace(0, n, min(threads, n) + 1).astype(int)
+    parts = [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+    for done in [pool.submit(run, part) for part in parts]:
+        done.result()
