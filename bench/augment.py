@@ -4,7 +4,8 @@ A batch of 256 real photographs at 3x224x224 (uint8) goes through RandomResizedC
 horizontal flip + rotation within ±30° + colour jitter (0.4, 0.4, 0.4, hue 0.1) + normalize,
 with random parameters per sample:
 
-  stoker.augment.Augment          one affine map per sample, one sampling pass, vectorized colour
+  stoker.augment.Augment          one affine map per sample, one sampling pass (OpenCV, threads)
+  the same, out= reused           writing into the previous output instead of fresh memory
   kornia.augmentation (eager)     AugmentationSequential of the same ops (if installed)
   torchvision v2, per-sample loop the usual way to get per-sample parameters (if installed)
   torchvision v2, whole batch     one parameter set for the whole batch: not per-sample (reference)
@@ -103,6 +104,14 @@ def main() -> None:
            f"{args.threads} threads, torch {torch.__version__}")
     batch = photo_batch(args.batch)
     rows: dict[str, Callable[[torch.Tensor], torch.Tensor] | str] = {"stoker.augment (CPU, float32)": stoker_pipeline()}
+    reused, buffer = stoker_pipeline(), None
+
+    def into_previous(images: torch.Tensor) -> torch.Tensor:
+        nonlocal buffer
+        buffer = reused(images, out=buffer)
+        return buffer
+
+    rows["stoker.augment (CPU, float32), out= reused"] = into_previous
     rows["kornia.augmentation, eager"] = kornia_pipeline()
     rows.update(torchvision_pipelines())
     runs: dict[str, list[float]] = {name: [] for name, run in rows.items() if callable(run)}

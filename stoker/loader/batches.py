@@ -42,7 +42,7 @@ def _unshared_pixels(shape: tuple[int, ...]) -> torch.Tensor:
 class Batch:
     """One batch in the making: cropped pixels (NHWC uint8, or (N, T, H, W, C) for clips), labels,
     the random draws behind the crops, and, with a per-sample transform, each sample's transformed
-    tensor."""
+    tensor (or, for the GPU decoder, each sample's undecoded bytes)."""
 
     epoch: int
     number: int
@@ -51,6 +51,7 @@ class Batch:
     labels: torch.Tensor
     draws: BatchDraws
     transformed: list[torch.Tensor | None] | None
+    encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,16 @@ class Loader:
     ``drop_last``, so every rank yields the same number of batches.
 
     ``transform`` runs on every sample after the crop: it gets a (3, H, W) uint8 tensor, or
-    (T, 3, H, W) for a clip (what torchvision v2 transforms take) and returns a tensor; the batch is those tensors stacked, and
-    ``layout`` no longer applies. A transform that holds the GIL (most Python code) serializes the
-    threads: give ``processes=N`` to make batches in N worker processes instead (``mp_context``:
-    ``fork``, ``spawn`` or ``forkserver``; default the platform's).
+    (T, 3, H, W) for a clip (what torchvision v2 transforms take), and returns a tensor; the
+    batch is those tensors stacked, and ``layout`` no longer applies. A transform that holds the
+    GIL (most Python code) serializes the threads: give ``processes=N`` to make batches in N
+    worker processes instead (``mp_context``: ``fork``, ``spawn`` or ``forkserver``; default the
+    platform's).
+
+    ``decode="gpu"``: the threads only read bytes, and the GPU (``device``, default this rank's:
+    see :func:`stoker.augment.default_device`) decodes each batch with nvJPEG and crops it there
+    (stoker/loader/gpu_decode.py; needs CUDA and the ``gpu`` extra). Images nvJPEG cannot take
+    are decoded on the CPU, with a warning.
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class Loader:
         transform: SampleTransform | None = None,
         processes: int = 0,
         mp_context: str | None = None,
+        decode: Literal["cpu", "gpu"] = "cpu",
     ) -> None:
         if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
             raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
@@ -109,6 +116,11 @@ class Loader:
         clips = self._maker_type is not BatchMaker
         self.layout = layout or ("NCHW" if not clips or dataset.layout == "TCHW" else "NHWC")
         self.device = torch.device(device) if device is not None else None
+        self.decode = decode
+        if decode == "gpu":
+            self.device = _gpu_for_decoding(self._maker_type, transform, processes, self.device)
+        elif decode != "cpu":
+            raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
         self.rank, self.world_size = _distributed(rank, world_size)
         self.processes = processes
         self.mp_context = mp_context
@@ -143,7 +155,7 @@ class Loader:
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
-        maker = self._maker_type(self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
+        maker = self._batch_maker()
         make = self._in_processes if self.processes > 0 else self._in_threads
         batches = make(maker, share, hints, ahead)
         try:
@@ -155,6 +167,14 @@ class Loader:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
+
+    def _batch_maker(self) -> BatchMaker:
+        args = (self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
+        if self.decode == "gpu":
+            from stoker.loader.gpu_decode import GpuBatchMaker
+
+            return GpuBatchMaker(*args, device=self.device)
+        return self._maker_type(*args)
 
     def _in_threads(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
                     ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
@@ -223,7 +243,8 @@ class Loader:
         if self.layout == "NCHW" and self.transform is None:
             images = images.movedim(-1, -3)  # NCHW view of NHWC memory: torch.channels_last (per frame of a clip)
         if self.device is not None and self.device.type != "cpu":
-            images = images.pin_memory().to(self.device, non_blocking=True)
+            if images.device != self.device:  # decoded on the GPU already with decode="gpu"
+                images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
         return images, labels
 
@@ -237,6 +258,22 @@ class _EpochBatches(Dataset):
     def __getitem__(self, number: int) -> tuple[torch.Tensor, torch.Tensor]:
         indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
         return self.maker.make(self.epoch, number, indices)
+
+
+def _gpu_for_decoding(maker_type: type[BatchMaker], transform: SampleTransform | None, processes: int,
+                      device: torch.device | None) -> torch.device:
+    """The CUDA device that decodes with decode="gpu", or why there is none."""
+    from stoker.augment.device import default_device
+
+    if maker_type is not BatchMaker:
+        raise ValueError("decode='gpu' decodes images; video clips are decoded on the CPU")
+    if transform is not None or processes:
+        raise ValueError("decode='gpu' makes batches on the GPU: no per-sample transform or worker processes "
+                         "(augment the batch there with stoker.augment)")
+    device = device or default_device()
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"decode='gpu' needs a CUDA device, got {device} (no GPU here? decode='cpu' decodes with threads)")
+    return device
 
 
 def _maker_type(dataset: ShardDataset | VideoClipDataset) -> type[BatchMaker]:
