@@ -11,7 +11,8 @@ with random parameters per sample:
   torchvision v2, whole batch     one parameter set for the whole batch: not per-sample (reference)
 
 Prints img/s (median of --repeats runs, in A-B-A order) and each row's ratio to stoker's. With
-CUDA, also stoker on the GPU in float16 and float32: img/s and peak GPU memory.
+CUDA, also stoker on the GPU in float16 and float32 (img/s and peak GPU memory), and
+stoker.Loader(decode="gpu") + the same augmentation from packed ~500x375 JPEGs (img/s).
 
     .venv/bin/python bench/augment.py                         # CPU, 2 threads
     /path/to/venv-with-torchvision/bin/python bench/augment.py  # with the torchvision rows
@@ -130,6 +131,7 @@ def main() -> None:
         print(f"| {name} | {median:.0f} | {' / '.join(f'{r:.0f}' for r in runs[name])} | {base / median:.1f}x |")
     if torch.cuda.is_available():
         gpu(batch, args.repeats)
+        gpu_decode(args.repeats)
 
 
 def gpu(batch: torch.Tensor, repeats: int) -> None:
@@ -145,6 +147,29 @@ def gpu(batch: torch.Tensor, repeats: int) -> None:
         rates = [rate(run, on_gpu, torch.cuda.synchronize) for _ in range(repeats)]
         peak = torch.cuda.max_memory_allocated(device)
         print(f"| {dtype} | {statistics.median(rates):.0f} | {peak / 2**20:.0f} MiB |")
+
+
+def gpu_decode(repeats: int) -> None:
+    """Loader(decode="gpu") + augmentation on the GPU from the packed sample photos, img/s per epoch."""
+    from pathlib import Path
+
+    import stoker
+    from stoker.bench.loader import prepare_data
+
+    _, shards = prepare_data(Path("bench-data/loader"), 4000, progress=False)
+    loader = stoker.Loader(stoker.ShardDataset(shards), batch_size=256, decode="gpu",
+                           crop=stoker.CropSpec("resize", size=(256, 256)))
+    run = stoker_pipeline("cuda", torch.float16)
+    rates = []
+    for _ in range(repeats + 1):  # the first epoch warms nvJPEG and the page cache
+        start, n = time.perf_counter(), 0
+        for images, _ in loader:
+            run(images)
+            n += len(images)
+        torch.cuda.synchronize()
+        rates.append(n / (time.perf_counter() - start))
+    print(f"\nLoader(decode='gpu') + augment, {n} photos of ~500x375 per epoch: "
+          f"{statistics.median(rates[1:]):.0f} img/s (epochs: {' / '.join(f'{r:.0f}' for r in rates)})")
 
 
 if __name__ == "__main__":
