@@ -100,10 +100,7 @@ class HorizontalFlip:
     p: float = 0.5
 
     def draw(self, rng: np.random.Generator, size: Size) -> tuple[np.ndarray, Size]:
-        m = np.tile(np.eye(3), (len(size[0]), 1, 1))
-        flip = rng.random(len(size[0])) < self.p
-        m[flip, 0, 0], m[flip, 0, 2] = -1, size[1][flip]
-        return m, size
+        return _flips(rng, size, self.p, axis=0), size
 
 
 @dataclass(frozen=True)
@@ -113,10 +110,15 @@ class VerticalFlip:
     p: float = 0.5
 
     def draw(self, rng: np.random.Generator, size: Size) -> tuple[np.ndarray, Size]:
-        m = np.tile(np.eye(3), (len(size[0]), 1, 1))
-        flip = rng.random(len(size[0])) < self.p
-        m[flip, 1, 1], m[flip, 1, 2] = -1, size[0][flip]
-        return m, size
+        return _flips(rng, size, self.p, axis=1), size
+
+
+def _flips(rng: np.random.Generator, size: Size, p: float, axis: int) -> np.ndarray:
+    """Maps mirroring x (``axis`` 0) or y (1) of the samples drawn with probability ``p``, identity elsewhere."""
+    m = np.tile(np.eye(3), (len(size[0]), 1, 1))
+    flip = rng.random(len(size[0])) < p
+    m[flip, axis, axis], m[flip, axis, 2] = -1, size[1 - axis][flip]
+    return m
 
 
 @dataclass(frozen=True)
