@@ -89,21 +89,8 @@ class Augment:
         here about as much as augmenting into it (see BENCHMARKS.md)."""
         rng = np.random.default_rng(None if self.seed is None else [self.seed, self._calls])
         self._calls += 1
-        if isinstance(images, torch.Tensor):
-            if images.dim() not in (4, 5):
-                raise ValueError("expected a batch (B, C, H, W) / (B, H, W, C) or clips (B, T, ...), "
-                                 f"got shape {tuple(images.shape)}")
-            frames = images.shape[1] if images.dim() == 5 else 1
-            flat = images.reshape(-1, *images.shape[-3:])
-            chw: torch.Tensor | list[torch.Tensor] = flat.permute(0, 3, 1, 2) if self._channels_last_input(flat) else flat
-            clips = images.shape[0]
-            sizes = (np.full(clips, chw.shape[-2]), np.full(clips, chw.shape[-1]))
-        else:
-            if not images:
-                raise ValueError("no images")
-            chw = [i.permute(2, 0, 1) if self._channels_last_input(i.unsqueeze(0)) else i for i in images]
-            frames, clips = 1, len(chw)
-            sizes = (np.array([i.shape[-2] for i in chw]), np.array([i.shape[-1] for i in chw]))
+        chw, clips, frames = self._images(images)
+        sizes = (np.array([i.shape[-2] for i in chw[::frames]]), np.array([i.shape[-1] for i in chw[::frames]]))
         maps, out_sizes = self._maps(rng, sizes)
         if len(set(out_sizes[0].tolist())) > 1 or len(set(out_sizes[1].tolist())) > 1:
             raise ValueError("images of different sizes need a RandomResizedCrop, CenterCrop or Resize op "
@@ -129,6 +116,20 @@ class Augment:
         if out is not None:
             return out
         return result.view(clips, frames, *result.shape[1:]) if frames > 1 else result
+
+    def _images(self, images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor | list[torch.Tensor], int, int]:
+        """The input as (C, H, W) images (a (n, C, H, W) view of a batch, or a list), the number of
+        samples (clips) and of frames per sample."""
+        if not isinstance(images, torch.Tensor):
+            if not images:
+                raise ValueError("no images")
+            return [i.permute(2, 0, 1) if self._channels_last_input(i.unsqueeze(0)) else i for i in images], len(images), 1
+        if images.dim() not in (4, 5):
+            raise ValueError("expected a batch (B, C, H, W) / (B, H, W, C) or clips (B, T, ...), "
+                             f"got shape {tuple(images.shape)}")
+        flat = images.reshape(-1, *images.shape[-3:])
+        chw = flat.permute(0, 3, 1, 2) if self._channels_last_input(flat) else flat
+        return chw, images.shape[0], images.shape[1] if images.dim() == 5 else 1
 
     def _opencv(self, chw: torch.Tensor | list[torch.Tensor], maps: np.ndarray | None, size: tuple[int, int],
                 params: list[dict[str, np.ndarray]], into: torch.Tensor | None) -> torch.Tensor:
