@@ -218,6 +218,13 @@ def test_both_backends_give_the_same_batch():
     assert difference.mean() < 0.01 and torch.quantile(difference, 0.99) < 0.1 and difference.max() < 0.5
 
 
+def test_hue_shifts_both_ways_agree_across_backends():
+    x = photos(16)
+    ours = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="opencv")(x)
+    batched = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="torch")(x)
+    assert ours.min() >= 0 and (ours - batched).abs().max() < 1e-3  # negative shifts too
+
+
 def test_out_receives_the_result(backend):
     x = photos(4)
     aug = make(backend, A.RandomResizedCrop(16), A.ColorJitter(0.3, 0.3), A.Normalize(), seed=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.video import VideoError, clip_indices, decode_frames, scan_video
+from stoker.video import FrameTable, VideoError, clip_indices, decode_frames, scan_video
 from tests.videos import frame_number, make_video
 
 # name -> (frames, make_video keyword arguments)
@@ -17,6 +17,8 @@ KINDS = {
     "one_frame.mp4": (1, {}),
     "with_audio.mp4": (50, {"audio": True}),
     "mpeg4_bframes.avi": (60, {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}}),
+    "mpeg4_bframes.mp4": (60, {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}}),
+    "short_gop.mp4": (40, {"options": {"g": "4", "keyint_min": "4", "sc_threshold": "0"}}),
 }
 
 
@@ -66,9 +68,22 @@ def test_frames_decoded_from_indexed_packets_are_the_frames_asked_for(videos, na
     rng = np.random.default_rng(1)
     # runs within a group of pictures, jumps to later keyframes, repeats and a backward order
     asks = [np.arange(frames), rng.integers(0, frames, 8), np.arange(0, frames, 7), [frames - 1, 0, frames // 2]]
+    whole = decode_frames(path, scan_video(path), np.arange(frames))  # through the container
     for ask in asks:
         got = decode_frames(data, table, np.asarray(ask))
         assert [frame_number(image) for image in got] == list(ask)
+        assert np.array_equal(got, whole[np.asarray(ask)])  # pixel for pixel, not just the number
+
+
+def test_a_table_cut_to_a_span_starts_decoding_at_a_keyframe_of_the_file(videos):
+    path, frames = videos["short_gop.mp4"]
+    data = path.read_bytes()
+    full = scan_video(data)
+    kept = np.arange(6, frames)  # starts between keyframes 4 and 8
+    table = FrameTable.from_json(full.to_json(kept))
+    assert not table.keyframe[0] and table.packets is not None
+    got = decode_frames(data, table, np.array([0, 1, 5]))
+    assert [frame_number(image) for image in got] == [6, 7, 11]
 
 
 def test_far_apart_frames_seek_again_instead_of_decoding_everything(videos):

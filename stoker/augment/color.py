@@ -139,7 +139,8 @@ class ColorJitter:
             np.clip(x, 0, 1, out=x)
         if self.hue:
             hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV, dst=spare)  # float: hue in degrees
-            cv2.add(hsv, (360 * p["hue"], 0.0, 0.0, 0.0), dst=hsv)  # OpenCV wraps hues outside [0, 360) itself
+            # OpenCV's vectorized HSV-to-RGB wraps hues at 360 but not below 0: shift forward only
+            cv2.add(hsv, ((360 * p["hue"]) % 360, 0.0, 0.0, 0.0), dst=hsv)
             x = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=x)
         return x
 

@@ -32,7 +32,7 @@ _GPU_SOF = {0xC0, 0xC1}  # baseline and extended sequential, Huffman coded
 def gpu_decodable(data: bytes | memoryview) -> bool:
     """Whether the GPU decoder takes ``data``: a baseline or extended sequential JPEG with 1 or 3
     components (found from its start-of-frame marker; nothing is decoded)."""
-    data = bytes(data[: 1 << 16]) if len(data) > 1 << 16 else bytes(data)
+    data = bytes(data)  # only the header segments are walked, however long (EXIF, ICC) they are
     if data[:2] != b"\xff\xd8":
         return False
     at = 2

@@ -243,7 +243,7 @@ class Loader:
         if self.layout == "NCHW" and self.transform is None:
             images = images.movedim(-1, -3)  # NCHW view of NHWC memory: torch.channels_last (per frame of a clip)
         if self.device is not None and self.device.type != "cpu":
-            if images.device != self.device:  # decoded on the GPU already with decode="gpu"
+            if images.device.type == "cpu":  # not decoded on the GPU already (decode="gpu")
                 images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
         return images, labels

@@ -37,9 +37,14 @@ def decode_frames(source: str | os.PathLike | bytes, table: FrameTable, indices:
         raise IndexError(f"{name}: frames {indices.min()}..{indices.max()} out of range for {len(table)} frames")
     wanted = np.unique(indices)
     found: dict[int, np.ndarray] = {}
+    decoded = False
     if table.packets is not None and isinstance(source, bytes | bytearray):
-        _decode_packets(source, table, table.packets, wanted, found, name)
-    else:
+        try:
+            _decode_packets(source, table, table.packets, wanted, found, name)
+            decoded = True
+        except VideoError:  # a decoder that needs more than the packets: the container knows
+            found.clear()
+    if not decoded:
         _decode_container(source, table, wanted, found, name)
     missing = [int(i) for i in wanted if int(table.pts[i]) not in found]
     if missing and table.seekable:
@@ -82,14 +87,20 @@ def _decode_packets(data: bytes, table: FrameTable, packets: PacketIndex, wanted
         targets = {int(table.pts[i]) for i in wanted}
         fed = -1
         for run in _runs(table, wanted):
-            first = int(packets.position(table.pts[[table.keyframe_before(int(run[0]))]])[0])
+            # the keyframe packet at or before the run's keyframe: a table cut to a span can
+            # start between keyframes of the file
+            start = int(packets.position(table.pts[[table.keyframe_before(int(run[0]))]])[0])
+            first = int(np.flatnonzero(packets.key[: start + 1])[-1]) if packets.key[: start + 1].any() else 0
             last = int(packets.position(table.pts[run]).max())
             if first > fed + 1:  # a jump to a later keyframe: finish the frames so far, start again
                 _keep(decoder.decode(None), targets, found)
                 decoder.flush_buffers()
                 fed = first - 1
             for k in range(fed + 1, last + 1):
-                packet = av.Packet(data[packets.offset[k] : packets.offset[k] + packets.size[k]])
+                # a packet of its own, not a view of ``data``: FFmpeg reads up to 64 zeroed bytes
+                # past the end, and MPEG-4 decoded from views lost rows of macroblocks
+                packet = av.Packet(int(packets.size[k]))
+                packet.update(data[packets.offset[k] : packets.offset[k] + packets.size[k]])
                 packet.pts = int(packets.pts[k])
                 decoder.skip_frame = "DEFAULT" if packet.pts in targets else "NONREF"
                 _keep(decoder.decode(packet), targets, found)
