@@ -73,9 +73,18 @@ class BatchMaker:
         shape = (len(indices), *self.sample_shape())
         images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else _unshared_pixels(shape)
         labels = torch.empty(len(indices), dtype=torch.int64)
-        draws = draw_batch(self.seed, epoch, number * self.world_size + self.rank, len(indices), self.crop)
+        draws = self.draws(epoch, number, len(indices))
         transformed = [None] * len(indices) if self.transform is not None else None
         return Batch(epoch, number, indices, images, labels, draws, transformed)
+
+    def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
+        """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
+        across ranks), so they do not depend on what makes the batch."""
+        return draw_batch(self.seed, epoch, self.batch_key(number), n, self.crop)
+
+    def batch_key(self, number: int) -> int:
+        """Batch ``number`` of this rank, numbered across all ranks."""
+        return number * self.world_size + self.rank
 
     def sample_shape(self) -> tuple[int, ...]:
         """The shape of one sample's pixels in the batch: (H, W, 3)."""

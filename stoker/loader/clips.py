@@ -33,7 +33,7 @@ class ClipBatchMaker(BatchMaker):
     def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
         """Pick the frames of sample ``j``'s clips, decode each frame once, crop into ``out``."""
         video = self.dataset.open_video(int(batch.indices[j]))
-        rng = np.random.default_rng([self.seed, batch.epoch, batch.number * self.world_size + self.rank, j])
+        rng = np.random.default_rng([self.seed, batch.epoch, self.batch_key(batch.number), j])
         picks = self.dataset.pick_frames(video, rng).reshape(-1)
         frames = out.reshape(-1, *out.shape[-3:])  # (clips * T, H, W, 3)
         wanted, first = np.unique(picks, return_index=True)  # each frame decoded into its first slot

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.crops import BatchDraws, CropSpec, crop_box, draw_batch
+from stoker.loader.crops import BatchDraws, CropSpec, crop_box
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ _GPU_SOF = {0xC0, 0xC1}  # baseline and extended sequential, Huffman coded
 def gpu_decodable(data: bytes | memoryview) -> bool:
     """Whether the GPU decoder takes ``data``: a baseline or extended sequential JPEG with 1 or 3
     components (found from its start-of-frame marker; nothing is decoded)."""
-    data = bytes(data)  # only the header segments are walked, however long (EXIF, ICC) they are
-    if data[:2] != b"\xff\xd8":
+    data = memoryview(data).cast("B")  # no copy: only the header segments are walked, however long
+    if bytes(data[:2]) != b"\xff\xd8":
         return False
     at = 2
     while at + 4 <= len(data):
@@ -49,7 +49,7 @@ def gpu_decodable(data: bytes | memoryview) -> bool:
         length = int.from_bytes(data[at + 2 : at + 4], "big")
         if marker in _SOF_MARKERS:
             components = data[at + 9] if at + 9 < len(data) else 0
-            return marker in _GPU_SOF and components in (1, 3) and not _adobe_cmyk(data[:at])
+            return marker in _GPU_SOF and components in (1, 3) and not _adobe_cmyk(bytes(data[:at]))
         if marker == 0xDA:  # start of scan before any frame header
             return False
         at += 2 + length
@@ -77,9 +77,8 @@ class GpuBatchMaker(BatchMaker):
 
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
         """Batch ``number``: its crops drawn as the CPU path draws them; no pixels on the host."""
-        draws = draw_batch(self.seed, epoch, number * self.world_size + self.rank, len(indices), self.crop)
         return Batch(epoch, number, indices, torch.empty(0, dtype=torch.uint8), torch.empty(len(indices), dtype=torch.int64),
-                     draws, None, encoded=[None] * len(indices))
+                     self.draws(epoch, number, len(indices)), None, encoded=[None] * len(indices))
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
         """Read the bytes of the samples at ``positions`` (any thread)."""
