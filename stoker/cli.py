@@ -42,7 +42,8 @@ def _pack(args: argparse.Namespace) -> int:
     result = pack(args.src, args.dst, shard_bytes=args.shard_size, workers=args.workers,
                   shuffle_seed=args.shuffle_seed, max_side=args.max_side, quality=args.quality,
                   verify_decode=args.verify_decode, strict=args.strict, progress=not args.quiet,
-                  video_mode=args.video_mode, fps=args.fps, short_side=args.short_side, gop=args.gop, crf=args.crf)
+                  video_mode=args.video_mode, fps=args.fps, short_side=args.short_side, gop=args.gop, crf=args.crf,
+                  engine=args.engine, address=args.address)
     rate = result.source_bytes / result.seconds / 1e6 if result.seconds else 0.0
     print(f"packed {result.num_samples} samples into {result.num_shards} shards "
           f"({result.total_bytes / 1e6:.1f} MB) in {result.dst} in {result.seconds:.1f} s ({rate:.1f} MB/s read)")
@@ -168,9 +169,16 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
     p.add_argument("src", help="ImageFolder-style tree (ROOT/<class>/<images>) or a CSV/TSV of path,label")
     p.add_argument("dst", help="output folder (created; must be empty or a previous pack of the same input), "
-                   "or an fsspec URL such as s3://bucket/prefix (packed locally, then uploaded)")
+                   "or an fsspec URL such as s3://bucket/prefix (each shard uploaded as soon as it is written)")
     p.add_argument("--shard-size", type=parse_size, default=DEFAULT_SHARD_BYTES, help="target shard size (default 256MB)")
-    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel processes, or with --engine ray tasks at once (default: all cores, or all the cluster's)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: processes on this machine; ray: one Ray task per shard (pip install 'stoker[ray]'); "
+                   "DST must be reachable from every node (shared file system or object store URL)")
+    p.add_argument("--address", default=None,
+                   help="with --engine ray: the cluster to join (default: RAY_ADDRESS or a cluster on this node, "
+                   "else a local Ray instance)")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle the sample order at pack time")
     p.add_argument("--max-side", type=int, default=None, help="re-encode images larger than N pixels on a side")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")

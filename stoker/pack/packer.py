@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
-import queue
 import shutil
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +43,7 @@ from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_fiel
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.images import BadInput
+from stoker.pack.local_engine import run_local
 from stoker.pack.shard_job import (
     CLASS_FIELD,
     ImageOptions,
@@ -53,10 +51,9 @@ from stoker.pack.shard_job import (
     ShardRecord,
     VideoOptions,
     load_members,
-    run_shard_job,
 )
 from stoker.pack.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Source, open_source
-from stoker.storage.publish import publish
+from stoker.storage.publish import Upload, publish
 from stoker.storage.remote import cache_root, is_url
 
 _SIZE_SAMPLE = 1000
@@ -96,6 +93,8 @@ def pack(
     short_side: int | None = None,
     gop: int | None = None,
     crf: int = 23,
+    engine: str = "local",
+    address: str | None = None,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
 
@@ -110,18 +109,20 @@ def pack(
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
 
-    ``dst`` may be an fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to fsspec): the
-    data set is packed into a local folder under ``~/.cache/stoker/pack/`` (so a rerun resumes
-    there), uploaded with the manifest last, and the local copy removed once the upload is done.
+    ``dst`` may be an fsspec URL (``s3://bucket/prefix``; ``storage_options`` go to fsspec): each
+    shard is written under ``~/.cache/stoker/pack/`` on the node that packs it, uploaded, and
+    deleted there; the manifest is uploaded last. The plan and the records of finished shards stay
+    in that local folder, so a rerun resumes, until the upload is complete.
+
+    ``engine="ray"`` runs one Ray task per shard on the cluster at ``address`` (default: the one
+    ``ray.init`` finds, else a local instance; see stoker/pack/ray_engine.py); the output is the
+    same, byte for byte, as the local engine's, which uses ``workers`` processes on this machine.
     """
-    if is_url(dst):
-        local = cache_root() / "pack" / hashlib.sha256(str(dst).encode()).hexdigest()[:24]
-        result = pack(src, local, shard_bytes=shard_bytes, workers=workers, shuffle_seed=shuffle_seed,
-                      max_side=max_side, quality=quality, verify_decode=verify_decode, strict=strict,
-                      progress=progress, video_mode=video_mode, fps=fps, short_side=short_side, gop=gop, crf=crf)
-        publish(local, str(dst), storage_options=storage_options)
-        shutil.rmtree(local, ignore_errors=True)
-        return replace(result, dst=str(dst))
+    if engine not in ("local", "ray"):
+        raise PackError(f"engine must be local or ray, got {engine!r}")
+    upload = Upload(str(dst), storage_options or {}) if is_url(dst) else None
+    if upload is not None:  # shards are written here, then uploaded by the task that wrote them
+        dst = cache_root() / "pack" / hashlib.sha256(upload.url.encode()).hexdigest()[:24]
     started = time.perf_counter()
     if video_mode not in (None, "frames", "video"):
         raise PackError(f"video mode must be frames or video, got {video_mode!r}")
@@ -138,29 +139,45 @@ def pack(
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
                **({"video": asdict(video)} if video else {})}
+    if upload is not None and MANIFEST_NAME in upload.sizes():  # uploaded in full by an earlier run
+        manifest = Manifest.from_json(upload.read(MANIFEST_NAME).decode(), f"{upload.url}/{MANIFEST_NAME}")
+        return replace(_existing_result(manifest, dst, plan_digest, started), dst=upload.url)
     try:
         dst.mkdir(parents=True, exist_ok=True)
         with pack_lock(dst):
             if (dst / MANIFEST_NAME).exists():  # finished earlier, or by the pack we waited for
-                return _existing_result(dst, plan_digest, started)
-            work_dir = dst / WORK_DIR_NAME
-            work_dir.mkdir(exist_ok=True)
-            per_shard = _samples_per_shard(source, work_dir, plan_digest, image_options, video, shard_bytes)
-            jobs = _plan_jobs(source, dst, work_dir, plan_digest, per_shard, shuffle_seed, image_options, video, strict)
-            remove_leftovers(dst, {job.name for job in jobs})
-            records, reused = _run_jobs(jobs, workers, progress)
-            rejected = [r for record in records for r in record.rejected]
-            if strict and rejected:  # rejects recorded by an earlier run without --strict
-                raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
-            manifest = _assemble_manifest(source, records, options, plan_digest)
-            _write_rejected(dst, rejected)
-            write_manifest(dst, manifest)
-            shutil.rmtree(work_dir, ignore_errors=True)
+                result = _existing_result(read_manifest(dst), dst, plan_digest, started)
+            else:
+                work_dir = dst / WORK_DIR_NAME
+                work_dir.mkdir(exist_ok=True)
+                per_shard = _samples_per_shard(source, work_dir, plan_digest, image_options, video, shard_bytes)
+                jobs = _plan_jobs(source, dst, work_dir, plan_digest, per_shard, shuffle_seed, image_options, video,
+                                  strict, upload)
+                remove_leftovers(dst, {job.name for job in jobs})
+                records, reused = _run_jobs(jobs, engine, workers, address, progress)
+                result = _finish(source, dst, records, reused, options, plan_digest, strict, started)
+                shutil.rmtree(work_dir, ignore_errors=True)
+            if upload is not None:
+                publish(dst, upload.url, storage_options=storage_options)
+                shutil.rmtree(dst, ignore_errors=True)
+                result = replace(result, dst=upload.url)
     except OSError as e:
         raise PackError(f"{e.filename or dst}: {e.strerror or e}") from None
     except BrokenProcessPool:
         raise PackError(f"{dst}: a pack worker process died (killed, or out of memory?); finished shards "
                         "are kept: run the same command again to resume") from None
+    return result
+
+
+def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, options: dict, plan_digest: str,
+            strict: bool, started: float) -> PackResult:
+    """Write the rejected-input report and, last, the manifest of the finished shards."""
+    rejected = [r for record in records for r in record.rejected]
+    if strict and rejected:  # rejects recorded by an earlier run without --strict
+        raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
+    manifest = _assemble_manifest(source, records, options, plan_digest)
+    _write_rejected(dst, rejected)
+    write_manifest(dst, manifest)
     source_bytes = sum(record.source_bytes for record in records)
     notes = [n for record in records for n in record.notes]
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
@@ -168,7 +185,8 @@ def pack(
 
 
 def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
-               image_options: ImageOptions, video: VideoOptions | None, strict: bool) -> list[ShardJob]:
+               image_options: ImageOptions, video: VideoOptions | None, strict: bool,
+               upload: Upload | None) -> list[ShardJob]:
     """One job per planned shard, each with the digest of exactly what it will hold."""
     order = plan.pack_order(len(source), shuffle_seed)
     bounds = plan.shard_bounds(len(source), per_shard)
@@ -177,7 +195,7 @@ def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_
         items = [(source.paths[i], source.keys[i], int(source.labels[i]), *_span_of(source, i))
                  for i in order[bounds[number] : bounds[number + 1]]]
         jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst), str(work_dir),
-                             image_options, strict, video))
+                             image_options, strict, video, upload))
     return jobs
 
 
@@ -188,9 +206,8 @@ def _span_of(source: Source, i: int) -> tuple:
     return tuple(None if np.isnan(v) else float(v) for v in source.spans[i])
 
 
-def _existing_result(dst: Path, plan_digest: str, started: float) -> PackResult:
+def _existing_result(manifest: Manifest, dst: Path, plan_digest: str, started: float) -> PackResult:
     """A finished data set is reused when it was made from the same listing and options."""
-    manifest = read_manifest(dst)
     if manifest.source.get("plan") != plan_digest:
         raise PackError(f"{dst}: already holds a stoker data set made from other input or options; "
                         "pack into a new folder or delete it first")
@@ -231,14 +248,19 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
     return per_shard
 
 
-def _finished_record(job: ShardJob) -> ShardRecord | None:
+def _finished_record(job: ShardJob, uploaded: dict[str, int]) -> ShardRecord | None:
     """The job's record if an earlier run finished its shard, the plan still matches, and the files
     on disk are the ones recorded (sizes, and the index's checksum: a later run with another plan
-    may have replaced the shard before it died)."""
+    may have replaced the shard before it died). Shards that go to an object store are checked by
+    their sizes in ``uploaded``."""
     record = ShardRecord.load(job.work_dir, job.name)
     if record is None or record.digest != job.digest:
         return None
-    if record.entry is not None:
+    if record.entry is not None and job.upload is not None:
+        entry = record.entry
+        if uploaded.get(entry.name) != entry.bytes or uploaded.get(entry.index) != entry.index_bytes:
+            return None
+    elif record.entry is not None:
         tar = Path(job.dst) / record.entry.name
         idx = Path(job.dst) / record.entry.index
         if not (tar.is_file() and tar.stat().st_size == record.entry.bytes and idx.is_file()
@@ -248,66 +270,51 @@ def _finished_record(job: ShardJob) -> ShardRecord | None:
     return record
 
 
-def _run_jobs(jobs: list[ShardJob], workers: int | None, show_progress: bool) -> tuple[list[ShardRecord], int]:
-    """Run the unfinished jobs on a process pool; return every job's record, in shard order."""
+def _run_jobs(jobs: list[ShardJob], engine: str, workers: int | None, address: str | None,
+              show_progress: bool) -> tuple[list[ShardRecord], int]:
+    """Run the unfinished jobs on ``engine``; return every job's record, in shard order."""
     records: dict[str, ShardRecord] = {}
+    uploaded = jobs[0].upload.sizes() if jobs and jobs[0].upload else {}
     for job in jobs:
-        if (record := _finished_record(job)) is not None:
+        if (record := _finished_record(job, uploaded)) is not None:
             records[job.name] = record
     todo = [job for job in jobs if job.name not in records]
-    total = sum(len(job.items) for job in jobs)
-    initial = total - sum(len(job.items) for job in todo)
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    progress_queue = context.Queue()
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(progress_queue,)) as pool:
-        # Submitting forks the workers; the progress bar (and its monitor thread) comes after.
-        pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
-        with tqdm(total=total, initial=initial, unit="img", desc="pack", disable=not show_progress,
-                  smoothing=0.1) as bar:
+    if todo:
+        total = sum(len(job.items) for job in jobs)
+        bar = _LazyBar(total, total - sum(len(job.items) for job in todo), show_progress)
+        if engine == "ray":
+            from stoker.pack.ray_engine import run_on_ray  # Ray only when asked for
+
+            finished = run_on_ray(todo, workers, bar.update, address)
+        else:
+            finished = run_local(todo, workers, bar.update)
+        with closing(finished):  # an error here stops the engine's workers before the pack lock is let go
             try:
-                while pending:
-                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    _drain(progress_queue, bar)
-                    for future in done:
-                        record = future.result()
-                        records[record.name] = record
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
-            _drain(progress_queue, bar)
+                for record in finished:
+                    record.save(todo[0].work_dir)  # the driver's copy: a task on another node saved its own there
+                    records[record.name] = record
+            finally:
+                bar.close()
     return [records[job.name] for job in jobs], len(jobs) - len(todo)
 
 
-_queue = None
+class _LazyBar:
+    """A tqdm bar created on first update: after the engine has started its workers, so that no
+    forked worker inherits the bar's monitor thread."""
 
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.total, self.initial, self.enabled = total, initial, enabled
+        self.bar: tqdm | None = None
 
-def _init_worker(progress_queue) -> None:
-    global _queue
-    _queue = progress_queue
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    def update(self, samples: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, initial=self.initial, unit="img", desc="pack",
+                            disable=not self.enabled, smoothing=0.1)
+        self.bar.update(samples)
 
-
-def _watch_parent(parent: int) -> None:
-    """Exit when the pack process dies (SIGKILL, OOM): an orphaned worker must not go on writing."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
-def _worker_job(job: ShardJob) -> ShardRecord:
-    return run_shard_job(job, lambda n, nbytes: _queue.put((n, nbytes)))
-
-
-def _drain(progress_queue, bar: tqdm) -> None:
-    while True:
-        try:
-            n, _ = progress_queue.get_nowait()
-        except queue.Empty:
-            return
-        bar.update(n)
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict, plan_digest: str) -> Manifest:

@@ -16,6 +16,7 @@ from stoker.errors import PackError
 from stoker.format import NO_LABEL, ShardEntry, atomic_write
 from stoker.pack.images import DEFAULT_MAX_PIXELS, BadInput, inspect_image, shrink_image
 from stoker.pack.writer import ShardWriter
+from stoker.storage.publish import Upload
 
 CLASS_FIELD = "cls"
 PROGRESS_EVERY = 32
@@ -60,6 +61,7 @@ class ShardJob:
     image: ImageOptions
     strict: bool
     video: VideoOptions | None = None
+    upload: Upload | None = None
 
 
 @dataclass
@@ -123,6 +125,7 @@ def load_members(path: str, job: ShardJob, span: tuple = ()) -> tuple[list[tuple
 def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
     """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError."""
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
+    Path(job.work_dir).mkdir(parents=True, exist_ok=True)  # an uploading task on another node: its own folder
     rejected: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
     done = done_bytes = source_bytes = 0
@@ -155,6 +158,8 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
                 entry, fields = None, []
     except OSError as e:
         raise PackError(f"{job.dst}: cannot write shard {job.name}: {e.strerror or e}") from None
+    if job.upload is not None and entry is not None:
+        _move_to(job.upload, Path(job.dst), entry)
     if progress:
         progress(done, done_bytes)
     record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes)
@@ -163,3 +168,11 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     except OSError as e:
         raise PackError(f"{job.work_dir}: cannot record shard {job.name}: {e.strerror or e}") from None
     return record
+
+
+def _move_to(upload: Upload, folder: Path, entry: ShardEntry) -> None:
+    """Upload a committed shard and its index (index first, as in ShardWriter.commit), then delete them here."""
+    for name in (entry.index, entry.name):
+        upload.put(folder / name, name)
+    for name in (entry.index, entry.name):
+        (folder / name).unlink()

@@ -1,7 +1,7 @@
-"""Uploading a packed data set to an fsspec URL: what ``stoker pack SRC s3://...`` does once the
-shards are packed locally.
+"""Uploading packed shards to an fsspec URL: what ``stoker pack SRC s3://...`` does.
 
-Shards and indexes go first, the manifest last, so readers see a data set only once it is
+Each pack task uploads the shard it wrote (:class:`Upload`); :func:`publish` then uploads
+anything still missing, and the manifest last, so readers see a data set only once it is
 complete. An object already there with the size the manifest gives is kept (an object store's
 PUT is atomic: an object of the right size is a whole upload), so a rerun after a failure
 resumes. Every upload is retried on transient errors (:func:`stoker.storage.retry.with_retries`).
@@ -10,6 +10,7 @@ resumes. Every upload is retried on transient errors (:func:`stoker.storage.retr
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,34 +20,58 @@ from stoker.format import MANIFEST_NAME, REJECTED_NAME, read_manifest
 from stoker.storage.retry import with_retries
 
 
+@dataclass(frozen=True)
+class Upload:
+    """A destination URL (``s3://bucket/prefix``) and the fsspec options to reach it."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    retries: int = 5
+    backoff: float = 0.5
+
+    def put(self, local: str | os.PathLike, name: str) -> None:
+        """Upload the file ``local`` as ``url/name``, retrying transient errors."""
+        fs, root = self._fs()
+        with_retries(f"{self.url}/{name}", lambda: fs.put_file(str(local), f"{root}/{name}"),
+                     retries=self.retries, backoff=self.backoff)
+
+    def read(self, name: str) -> bytes:
+        """The bytes of ``url/name``; RemoteError when it is missing or cannot be read."""
+        fs, root = self._fs()
+        return with_retries(f"{self.url}/{name}", lambda: fs.cat_file(f"{root}/{name}"),
+                            retries=self.retries, backoff=self.backoff)
+
+    def sizes(self) -> dict[str, int]:
+        """The size of every object directly under the URL, by name: one listing request."""
+        fs, root = self._fs()
+        try:
+            listing = with_retries(self.url, lambda: fs.ls(root, detail=True, refresh=True),
+                                   retries=self.retries, backoff=self.backoff)
+        except Exception:  # noqa: BLE001 -- nothing there yet (backends differ in what they raise)
+            return {}
+        return {entry["name"].rsplit("/", 1)[-1]: entry["size"] for entry in listing if entry.get("type") == "file"}
+
+    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        return fsspec.core.url_to_fs(self.url, **self.storage_options)
+
+
 def publish(local: str | os.PathLike, url: str, *, storage_options: dict[str, Any] | None = None,
             retries: int = 5, backoff: float = 0.5) -> int:
-    """Upload the packed data set in ``local`` to ``url``; return how many files were uploaded."""
+    """Upload the packed data set in ``local`` to ``url``: shards that are not there yet with the
+    manifest's sizes, then the rejected-input report and the manifest; return how many files
+    were uploaded."""
     local = Path(local)
     manifest = read_manifest(local)
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    names = [n for s in manifest.shards for n in (s.name, s.index)]
-    sizes = {n: (local / n).stat().st_size for n in names}
+    upload = Upload(url, storage_options or {}, retries, backoff)
+    there = upload.sizes()
     uploaded = 0
-    for name in names:
-        target = f"{root}/{name}"
-        if with_retries(f"{url}/{name}", lambda t=target: _size_or_none(fs, t), retries=retries,
-                        backoff=backoff) == sizes[name]:
-            continue
-        with_retries(f"{url}/{name}", lambda n=name, t=target: fs.put_file(str(local / n), t), retries=retries,
-                     backoff=backoff)
-        uploaded += 1
+    for shard in manifest.shards:
+        for name, size in ((shard.name, shard.bytes), (shard.index, shard.index_bytes)):
+            if there.get(name) != size:
+                upload.put(local / name, name)
+                uploaded += 1
     for name in (REJECTED_NAME, MANIFEST_NAME):  # the manifest last: readers see a complete data set or none
         if (local / name).exists():
-            with_retries(f"{url}/{name}", lambda n=name: fs.put_file(str(local / n), f"{root}/{n}"),
-                         retries=retries, backoff=backoff)
+            upload.put(local / name, name)
             uploaded += 1
     return uploaded
-
-
-def _size_or_none(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
-    """The size of ``path``, or None where there is none yet: one request, not exists() then size()."""
-    try:
-        return fs.size(path)
-    except FileNotFoundError:
-        return None

@@ -1,0 +1,71 @@
+"""The local engine: shard jobs on a pool of worker processes on this machine.
+
+Workers write their shards and records themselves (see stoker/pack/shard_job.py); this module
+only runs them, forwards their progress and hands back the records as they finish.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
+
+
+def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None]) -> Iterator[ShardRecord]:
+    """Run ``todo`` on ``workers`` processes (default: all cores); yield each record as its shard is done.
+
+    ``progress(samples)`` is called from this thread only after every worker has been forked, so
+    a progress bar's monitor thread never exists in a forked child.
+    """
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    progress_queue = context.Queue()
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(progress_queue,)) as pool:
+        pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(progress_queue, progress)
+                for future in done:
+                    yield future.result()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+        _drain(progress_queue, progress)
+
+
+_queue = None
+
+
+def _init_worker(progress_queue) -> None:
+    global _queue
+    _queue = progress_queue
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the pack process dies (SIGKILL, OOM): an orphaned worker must not go on writing."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _worker_job(job: ShardJob) -> ShardRecord:
+    return run_shard_job(job, lambda n, nbytes: _queue.put(n))
+
+
+def _drain(progress_queue, progress: Callable[[int], None]) -> None:
+    while True:
+        try:
+            n = progress_queue.get_nowait()
+        except queue.Empty:
+            return
+        progress(n)

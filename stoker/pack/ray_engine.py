@@ -1,0 +1,97 @@
+"""The Ray engine: shard jobs as Ray tasks on an existing cluster, or on a local Ray instance.
+
+The plan is fixed by the driver before any task runs (stoker/pack/packer.py), and a task is one
+whole shard, so the output is byte for byte what the local engine writes. Each task writes its
+shard and record straight to the destination, which every node must reach: a shared file system
+path, or an object store URL (the task uploads what it wrote). Ray retries a task whose worker or
+node died; a killed driver leaves finished shards, and a rerun redoes only the missing ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stoker.errors import PackError, StokerError
+from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
+
+POLL_SECONDS = 0.2
+TASK_RETRIES = 3
+
+
+def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None],
+               address: str | None = None) -> Iterator[ShardRecord]:
+    """Run ``todo`` as Ray tasks, at most ``workers`` at once (default: as many as the cluster
+    schedules); yield each record as its shard is done.
+
+    ``address``: the cluster to join (``ray://`` or ``host:port``); None joins the one ``ray.init``
+    finds (``RAY_ADDRESS``, or a cluster started on this node), else starts a local instance. A
+    Ray session that was already initialised in this process is used as it is.
+    """
+    ray = _import_ray()
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_ray_task)
+        counter = ray.remote(num_cpus=0)(_ProgressCounter).remote()
+        queued = list(reversed(todo))
+        running: list[Any] = []
+        limit = workers or len(todo)
+        try:
+            while queued or running:
+                while queued and len(running) < limit:
+                    running.append(task.remote(queued.pop(), counter))
+                done, running = ray.wait(running, num_returns=1, timeout=POLL_SECONDS)
+                progress(ray.get(counter.take.remote()))
+                for ref in done:
+                    yield _result(ray, ref)
+            progress(ray.get(counter.take.remote()))
+        except BaseException:
+            for ref in running:
+                ray.cancel(ref, force=True)
+            raise
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _ray_task(job: ShardJob, counter: Any) -> ShardRecord:
+    return run_shard_job(job, lambda n, nbytes: counter.add.remote(n))
+
+
+class _ProgressCounter:
+    """A Ray actor that sums the samples tasks report, for the driver's progress bar."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def add(self, n: int) -> None:
+        self.samples += n
+
+    def take(self) -> int:
+        samples, self.samples = self.samples, 0
+        return samples
+
+
+def _result(ray: Any, ref: Any) -> ShardRecord:
+    """The task's record; its PackError as a PackError; a lost worker or node as a PackError that says to rerun."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if isinstance(e.cause, Exception) else e
+        if isinstance(cause, StokerError):
+            raise type(cause)(str(cause)) from None
+        raise PackError(f"a Ray pack task failed: {type(cause).__name__}: {cause}") from None
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.TaskCancelledError) as e:
+        raise PackError(f"a Ray pack task was lost ({type(e).__name__}) after {TASK_RETRIES} retries; finished "
+                        "shards are kept: run the same command again to resume") from None
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise PackError("engine='ray' needs Ray: pip install 'stoker[ray]'") from None
+    return ray
