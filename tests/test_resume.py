@@ -35,7 +35,7 @@ class BlockedPack:
     the packer blocks reading it, deterministically mid-way, with earlier shards finished and a
     later one half written. :meth:`unblock` puts the real photo back for the rerun."""
 
-    def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int) -> None:
+    def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int, *options: str) -> None:
         self.src, self.dst = tmp_path / "src", tmp_path / "dst"
         shutil.copytree(photos, self.src)
         self.blocker = sorted(self.src.rglob("*.jpg"))[position]
@@ -43,7 +43,7 @@ class BlockedPack:
         self.blocker.unlink()
         os.mkfifo(self.blocker)
         self.process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(self.src), str(self.dst),
-                                         "--shard-size", "600000", "--workers", str(workers), "--quiet"],
+                                         "--shard-size", "600000", "--workers", str(workers), "--quiet", *options],
                                         start_new_session=True)
 
     def kill(self, whole_group: bool = True) -> None:

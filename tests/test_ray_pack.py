@@ -1,0 +1,96 @@
+"""`stoker pack --engine ray` on a real local Ray instance: the same bytes as the local engine,
+resumable after a real kill, straight to an object store."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import stoker
+from stoker.cli import main
+from stoker.format import MANIFEST_NAME
+from stoker.format.verify import verify_dataset
+from tests.conftest import SMALL_SHARD
+from tests.test_resume import BlockedPack, files_state, wait_for
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance with 2 CPUs; its address lets subprocess drivers join it."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def assert_same_data_set(a: Path, b: Path) -> None:
+    """Every file byte for byte, the manifest apart from its creation time."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        if name != MANIFEST_NAME:
+            assert filecmp.cmp(a / name, b / name, shallow=False), name
+    manifests = [json.loads((root / MANIFEST_NAME).read_text()) for root in (a, b)]
+    for manifest in manifests:
+        del manifest["created_by"]["created"]
+    assert manifests[0] == manifests[1]
+
+
+def test_ray_engine_writes_the_local_engines_bytes(cluster, photos, packed, tmp_path):
+    result = stoker.pack(photos, tmp_path / "ray", shard_bytes=SMALL_SHARD, engine="ray", progress=False)
+    assert result.num_shards > 4 and result.reused_shards == 0
+    assert_same_data_set(packed, tmp_path / "ray")
+
+
+def test_ray_engine_packs_videos_and_reports_rejects_as_the_local_engine(cluster, packed_videos, video_folder, tmp_path):
+    mode, local, local_result = packed_videos
+    result = stoker.pack(video_folder, tmp_path / "ray", video_mode=mode, shard_bytes=200_000, engine="ray",
+                         progress=False)
+    assert sorted(result.rejected) == sorted(local_result.rejected) and len(result.rejected) == 2
+    assert result.notes == local_result.notes
+    assert_same_data_set(local, tmp_path / "ray")
+
+
+def test_killed_ray_pack_resumes_with_only_the_missing_shards(cluster, photos, packed, tmp_path):
+    run = BlockedPack(photos, tmp_path, 60, 1, "--engine", "ray", "--address", cluster)
+    dst = run.dst
+    try:
+        wait_for(lambda: len(list(dst.glob("shard-*.tar"))) >= 4 and list(dst.glob(".shard-*.tmp")), timeout=60)
+        time.sleep(0.2)
+    finally:
+        run.kill()
+    assert run.process.returncode == -signal.SIGKILL
+    assert not (dst / MANIFEST_NAME).exists()
+    finished = files_state(dst)
+
+    run.unblock()
+    result = stoker.pack(run.src, dst, shard_bytes=SMALL_SHARD, engine="ray", progress=False)
+    assert result.reused_shards >= len(finished) // 2
+    assert all(files_state(dst)[name] == state for name, state in finished.items()), "finished shards are kept as they are"
+    assert verify_dataset(dst) == []
+    local = stoker.pack(run.src, tmp_path / "local", shard_bytes=SMALL_SHARD, workers=2, progress=False)
+    assert_same_data_set(local.dst, dst)
+
+
+def test_ray_tasks_upload_shards_straight_to_the_object_store(cluster, s3, photos, packed):
+    s3.fs.mkdir("ray")
+    result = stoker.pack(photos, "s3://ray/ds", shard_bytes=SMALL_SHARD, engine="ray", progress=False,
+                         storage_options=s3.options)
+    assert result.dst == "s3://ray/ds"
+    there = stoker.ShardDataset("s3://ray/ds", decode="raw", storage_options=s3.options)
+    here = stoker.ShardDataset(packed, decode="raw")
+    assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+    assert s3.requests("PUT", "/ray/ds/shard-") == 2 * len(here.shards.manifest.shards)
+
+
+def test_ray_pack_from_the_command_line(cluster, photos, packed, tmp_path, capsys):
+    assert main(["pack", str(photos), str(tmp_path / "cli"), "--shard-size", str(SMALL_SHARD),
+                "--engine", "ray", "--quiet"]) == 0
+    assert "packed 96 samples" in capsys.readouterr().out
+    assert_same_data_set(packed, tmp_path / "cli")
