@@ -237,7 +237,7 @@ def test_destination_rules(photos, packed, tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("path,label\na.jpg,cat\nb.jpg,\n", "row has no label"),
+    ("path,label\na.jpg,cat\nb.jpg,\n", "no label while others have one"),
     ("a.jpg,1\nb.jpg,cat\n", "mix integers and class names"),
     ("a.jpg,1,2\n", "got 3 columns"),
 ])

@@ -24,7 +24,7 @@ class FolderDataset(torch.utils.data.Dataset):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         source = open_source(path)
-        self.paths = source.paths
+        self.paths = source.refs
         self.targets = source.labels
         self.classes = list(source.classes or [])
         self.decode = decode

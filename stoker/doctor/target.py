@@ -119,7 +119,7 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
         if not len(listed):
             raise StokerError(f"{path}: the path list is empty")
         chosen = rng.choice(len(listed), size=min(sample, len(listed)), replace=False)
-        return Target("list", str(path), len(listed), paths=[listed.paths[i] for i in chosen])
+        return Target("list", str(path), len(listed), paths=[listed.refs[i] for i in chosen])
     if path.is_file():
         raise StokerError(f"{path}: not a folder, a path list ({', '.join(LIST_SUFFIXES)}) or a packed data set")
     raise StokerError(f"{path}: no such folder, path list or packed data set")

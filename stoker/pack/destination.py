@@ -25,7 +25,7 @@ def check_destination(source: Source, dst: Path) -> None:
     """Refuse a destination inside an image-folder source, or one holding files that are not ours."""
     if dst.exists() and not dst.is_dir():
         raise PackError(f"{dst}: exists and is not a folder")
-    if source.kind.endswith("_folder") and dst.resolve().is_relative_to(source.root):
+    if source.root.is_dir() and dst.resolve().is_relative_to(source.root):
         raise PackError(f"{dst}: is inside the source folder {source.root}; packing never writes into its source")
     if dst.exists():
         foreign = sorted(p.name for p in dst.iterdir() if not is_ours(p.name))

@@ -19,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ class PackResult:
 
 
 def pack(
-    src: str | os.PathLike,
+    src: str | os.PathLike | Any,
     dst: str | os.PathLike,
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -96,7 +97,10 @@ def pack(
     engine: str = "local",
     address: str | None = None,
 ) -> PackResult:
-    """Pack ``src`` (ImageFolder tree or CSV/TSV of ``path,label``) into shards in ``dst``.
+    """Pack ``src`` into shards in ``dst``. ``src`` is an ImageFolder tree, a CSV/TSV of
+    ``path,label``, Parquet files holding encoded images (a file or a folder of them, as Hugging
+    Face ``datasets`` writes them), WebDataset tar shards (a file or a folder of them), or a
+    map-style Dataset whose items are ``image`` or ``(image, label)`` (see stoker/pack/inputs.py).
 
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
@@ -135,7 +139,7 @@ def pack(
     if not 0 <= crf <= 51:
         raise PackError(f"crf={crf}: x264's quality scale runs from 0 (lossless) to 51")
     video = VideoOptions(video_mode, fps, short_side, quality, gop, crf) if video_mode else None
-    plan_digest = plan.digest(source.paths, source.keys, source.labels, asdict(image_options), shard_bytes,
+    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, asdict(image_options), shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
                **({"video": asdict(video)} if video else {})}
@@ -192,10 +196,10 @@ def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_
     bounds = plan.shard_bounds(len(source), per_shard)
     jobs = []
     for number in range(len(bounds) - 1):
-        items = [(source.paths[i], source.keys[i], int(source.labels[i]), *_span_of(source, i))
+        items = [(source.refs[i], source.keys[i], int(source.labels[i]), *_span_of(source, i))
                  for i in order[bounds[number] : bounds[number + 1]]]
         jobs.append(ShardJob(shard_name(number), items, plan.digest(plan_digest, items), str(dst), str(work_dir),
-                             image_options, strict, video, upload))
+                             image_options, strict, video, upload, source.inputs))
     return jobs
 
 
@@ -229,14 +233,15 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
     except (OSError, ValueError, KeyError):
         pass
     positions = plan.sample_positions(len(source), _SIZE_SAMPLE)
-    sizes = [os.path.getsize(source.paths[i]) for i in positions if os.path.isfile(source.paths[i])]
-    mean = float(np.mean(sizes)) if sizes else 1.0
+    mean = source.inputs.mean_size([source.refs[i] for i in positions])
     if image.max_side is not None or (video is not None and (video.mode == "frames" or video.gop is not None)):
         stored_sizes, original_sizes = [], []
-        probe = ShardJob("", [], "", "", "", image, False, video)
-        for i in positions[:: max(1, len(positions) // _REENCODE_SAMPLE)][:_REENCODE_SAMPLE]:
+        probe = ShardJob("", [], "", "", "", image, False, video, inputs=source.inputs)
+        refs = [source.refs[i] for i in positions[:: max(1, len(positions) // _REENCODE_SAMPLE)][:_REENCODE_SAMPLE]]
+        reads = source.inputs.read(refs) if video is None else repeat(None)
+        for ref, read in zip(refs, reads):
             try:
-                members, original_size, _ = load_members(source.paths[i], probe)
+                members, original_size, _, _ = load_members(ref, probe, read)
                 stored_sizes.append(sum(len(data) for _, data in members))
                 original_sizes.append(original_size)
             except (BadInput, OSError):

@@ -10,15 +10,21 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL, ShardEntry, atomic_write
 from stoker.pack.images import DEFAULT_MAX_PIXELS, BadInput, inspect_image, shrink_image
+from stoker.pack.inputs import Files, Inputs, Read
+from stoker.pack.sources import IMAGE_EXTENSIONS
 from stoker.pack.writer import ShardWriter
 from stoker.storage.publish import Upload
 
 CLASS_FIELD = "cls"
+# The member field of images from archives and Datasets, which have no file extension to keep.
+FORMAT_FIELDS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff", "PPM": "ppm"}
 PROGRESS_EVERY = 32
 
 
@@ -62,6 +68,7 @@ class ShardJob:
     strict: bool
     video: VideoOptions | None = None
     upload: Upload | None = None
+    inputs: Inputs = field(default_factory=Files)
 
 
 @dataclass
@@ -92,15 +99,14 @@ class ShardRecord:
             return None
 
 
-def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
-    """Read and check one image; return its field name, the bytes to store and the source size."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BadInput(f"cannot read: {e.strerror or e}") from None
+def check_sample(name: str, data: bytes, options: ImageOptions) -> tuple[str, bytes, int]:
+    """Check one image; return its field name, the bytes to store and the source size. The field
+    is the file's extension where it has an image one, else the format's usual one."""
     info = inspect_image(data, full_decode=options.verify_decode, max_pixels=options.max_pixels)
-    field_name = os.path.splitext(path)[1].lower().lstrip(".") or info.format.lower()
+    extension = os.path.splitext(name)[1].lower()
+    field_name = extension.lstrip(".") if extension in IMAGE_EXTENSIONS else FORMAT_FIELDS.get(info.format)
+    if field_name is None:
+        raise BadInput(f"{info.format} images are not packed (JPEG, PNG, WebP, BMP, TIFF and PPM are)")
     if options.max_side is not None:
         try:
             shrunk = shrink_image(data, info, options.max_side, options.quality)
@@ -111,15 +117,20 @@ def load_sample(path: str, options: ImageOptions) -> tuple[str, bytes, int]:
     return field_name, data, len(data)
 
 
-def load_members(path: str, job: ShardJob, span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None]:
-    """The members of one input (an image, or a video with ``job.video``, of which ``span`` is
-    the (start, end) seconds to keep), its size, and a note."""
+def load_members(ref: Any, job: ShardJob, read: Read | None,
+                 span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None, int | None]:
+    """The members of one input (an image given by ``read``, or with ``job.video`` the video file
+    ``ref``, of which ``span`` is the (start, end) seconds to keep), its size, a note, and the
+    label that came with the input (None: the listing's)."""
     if job.video is not None:
         from stoker.pack.videos import load_video  # PyAV only when packing videos
 
-        return load_video(path, job.video, span)
-    field_name, data, original_size = load_sample(path, job.image)
-    return [(field_name, data)], original_size, None
+        return (*load_video(ref, job.video, span), None)
+    if isinstance(read, BadInput):
+        raise read
+    data, label = read
+    field_name, data, original_size = check_sample(job.inputs.name(ref), data, job.image)
+    return [(field_name, data)], original_size, None, label
 
 
 def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
@@ -131,16 +142,19 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
-            for path, key, label, *span in job.items:
+            reads = job.inputs.read([item[0] for item in job.items]) if job.video is None else repeat(None)
+            for (ref, key, label, *span), read in zip(job.items, reads):
+                name = job.inputs.name(ref)
                 try:
-                    members, original_size, note = load_members(path, job, tuple(span))
+                    members, original_size, note, read_label = load_members(ref, job, read, tuple(span))
                 except BadInput as e:
                     if job.strict:
-                        raise PackError(f"{path}: {e.reason} (stopped by --strict)") from None
-                    rejected.append((path, e.reason))
+                        raise PackError(f"{name}: {e.reason} (stopped by --strict)") from None
+                    rejected.append((name, e.reason))
                 else:
+                    label = label if read_label is None else read_label
                     if note:
-                        notes.append((path, note))
+                        notes.append((name, note))
                     if label != NO_LABEL:
                         members.append((CLASS_FIELD, str(label).encode("ascii")))
                     writer.add(key, label, members)

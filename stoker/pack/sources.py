@@ -1,4 +1,5 @@
-"""What can be packed: an ImageFolder-style tree or a CSV/TSV list of ``path,label``.
+"""What can be packed: an ImageFolder-style tree, a CSV/TSV list of ``path,label``, Parquet
+files or WebDataset tar shards (stoker/pack/archive_sources.py), or a map-style Dataset.
 
 A source is listed once, up front, into plain arrays; the shard plan is computed from that listing,
 so a rerun after a kill sees the same plan and can resume.
@@ -9,13 +10,15 @@ from __future__ import annotations
 import csv
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL
+from stoker.pack.inputs import Files, Inputs
 
 # The extensions torchvision's ImageFolder accepts, so both list the same files.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -25,24 +28,40 @@ _UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 @dataclass
 class Source:
-    """A listed source: parallel sequences of paths, keys and labels, plus class names."""
+    """A listed source: parallel sequences of refs (where each input's bytes are: a path for
+    files, see stoker/pack/inputs.py for the others), keys and labels, plus class names."""
 
     kind: str
     root: Path
-    paths: list[str]
+    refs: list[Any]
     keys: list[str]
     labels: np.ndarray
     classes: list[str] | None
     spans: np.ndarray | None = None  # videos: (start, end) seconds per path, NaN where not given
+    inputs: Inputs = field(default_factory=Files)
+    identity: Any = None  # what the plan's digest holds for the source, when not its refs (a Dataset)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.refs)
 
 
-def open_source(src: str | os.PathLike, videos: bool = False) -> Source:
-    """List ``src``: a folder is read as ImageFolder (of video files with ``videos``), a
-    ``.csv``/``.tsv``/``.txt`` file as a path list."""
+def open_source(src: Any, videos: bool = False) -> Source:
+    """List ``src``: a folder of class folders is read as ImageFolder (of video files with
+    ``videos``), a ``.csv``/``.tsv``/``.txt`` file as a path list, ``.parquet`` files (or a folder
+    of them) and ``.tar`` files (or a folder of them) as archives of images, and any object with
+    ``__getitem__`` and ``__len__`` as a map-style Dataset."""
+    from stoker.pack import archive_sources
+
+    if not isinstance(src, (str, os.PathLike)):
+        if videos:
+            raise PackError("a Dataset source holds images; pack videos from files")
+        return archive_sources.list_dataset(src)
     src = Path(src).resolve()  # the plan's digest must not depend on how the path was spelled
+    archives = archive_sources.archives_in(src)
+    if archives and videos:
+        raise PackError(f"{src}: Parquet and tar sources hold images; pack videos from files")
+    if archives:
+        return archive_sources.list_archives(src, archives)
     if src.is_dir():
         return list_image_folder(src, VIDEO_EXTENSIONS if videos else IMAGE_EXTENSIONS)
     if src.is_file():
@@ -95,7 +114,7 @@ def read_path_list(list_file: Path, videos: bool = False) -> Source:
             lines.append(line)
     if not rows:
         raise PackError(f"{list_file}: the list holds no paths")
-    labels, classes = _parse_labels([label for _, label in rows], lines, list_file)
+    labels, classes = parse_labels([label for _, label in rows], [f"{list_file}:{line}" for line in lines])
     paths = [str(base / p) for p, _ in rows]
     rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
     given = np.array(spans, dtype=np.float64).reshape(-1, 2)
@@ -115,20 +134,19 @@ def _span(cells: list[str], list_file: Path, line: int) -> tuple[float, float]:
     return start, end
 
 
-def _parse_labels(raw: list[str], lines: list[int], list_file: Path) -> tuple[np.ndarray, list[str] | None]:
-    """All empty: no labels. All integers: kept. Otherwise class names, indexed in sorted order."""
+def parse_labels(raw: list[str], where: list[str]) -> tuple[np.ndarray, list[str] | None]:
+    """All empty: no labels. All integers: kept. Otherwise class names, indexed in sorted order.
+    ``where`` names each label's place for error messages."""
     empty = [label == "" for label in raw]
     if all(empty):
         return np.full(len(raw), NO_LABEL, dtype=np.int64), None
     if any(empty):
-        line = lines[empty.index(True)]
-        raise PackError(f"{list_file}:{line}: row has no label while others do; label every row or none")
+        raise PackError(f"{where[empty.index(True)]}: no label while others have one; label every sample or none")
     numeric = [re.fullmatch(r"-?\d+", label) is not None for label in raw]
     if all(numeric):
         return np.array([int(label) for label in raw], dtype=np.int64), None
     if any(numeric):
-        line = lines[numeric.index(not numeric[0])]
-        raise PackError(f"{list_file}:{line}: labels mix integers and class names; use one kind")
+        raise PackError(f"{where[numeric.index(not numeric[0])]}: labels mix integers and class names; use one kind")
     classes = sorted(set(raw))
     index = {name: i for i, name in enumerate(classes)}
     return np.array([index[label] for label in raw], dtype=np.int64), classes

@@ -1,0 +1,161 @@
+"""Sources whose images live inside other files: Parquet (the Hugging Face ``datasets`` layout)
+and WebDataset tar shards, plus map-style Datasets given through the Python API.
+
+Each is listed up front into refs (see stoker/pack/inputs.py), keys and labels, as the file
+sources are, so the shard plan is fixed before any image is read and a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stoker.errors import PackError
+from stoker.format import NO_LABEL
+from stoker.pack.inputs import DatasetItems, ParquetRows, TarMembers
+from stoker.pack.sources import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
+
+LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column one of these
+LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
+
+
+def archives_in(src: Path) -> list[Path]:
+    """The Parquet or tar files that ``src`` is (a file) or holds (Parquet anywhere below, tar
+    files directly in it); empty when it is neither."""
+    if src.is_file():
+        return [src] if src.suffix.lower() in (".parquet", ".tar") else []
+    if not src.is_dir():
+        return []
+    parquet = sorted(src.rglob("*.parquet"))
+    return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+
+
+def list_archives(src: Path, files: list[Path]) -> Source:
+    """List Parquet files or WebDataset tar shards, by the first file's suffix."""
+    return list_parquet(src, files) if files[0].suffix.lower() == ".parquet" else list_tar_shards(src, files)
+
+
+def list_parquet(src: Path, files: list[Path]) -> Source:
+    """Rows of Parquet files holding encoded images: a struct column of ``bytes`` and ``path``
+    (as Hugging Face ``datasets`` writes an Image feature) or a binary column, and an optional
+    integer or string ``label`` column; class names from the ClassLabel in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    refs, names, labels = [], [], []
+    image = path_column = label_column = None
+    classes = None
+    for file in files:
+        try:
+            parquet = pq.ParquetFile(file)
+            schema = parquet.schema_arrow
+            if image is None:
+                image, path_column, label_column = _parquet_columns(file, schema, pa)
+                classes = _class_names(schema, label_column)
+            wanted = [c for c in (path_column, label_column) if c]
+            table = parquet.read(columns=wanted).flatten() if wanted else None
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
+            raise PackError(f"{file}: not a readable Parquet file ({e})") from None
+        if schema.get_field_index(image.split(".")[0]) < 0:
+            raise PackError(f"{file}: has no column {image.split('.')[0]!r}, which {files[0]} has")
+        paths = table.column(path_column).to_pylist() if path_column else [None] * parquet.metadata.num_rows
+        if label_column:
+            labels += ["" if v is None else str(v) for v in table.column(label_column).to_pylist()]
+        row = 0
+        for group in range(parquet.metadata.num_row_groups):
+            for in_group in range(parquet.metadata.row_group(group).num_rows):
+                refs.append((str(file), group, in_group))
+                rel = file.relative_to(src) if file != src else Path(file.name)
+                names.append(f"{rel.with_suffix('').as_posix()}/{paths[row] or f'{row:09d}'}")
+                row += 1
+    if not refs:
+        raise PackError(f"{src}: the Parquet files hold no rows")
+    keys = make_keys([f"{name}.x" for name in names])
+    label_array, listed_classes = _labels(labels, refs, ParquetRows(image))
+    return Source("parquet", src, refs, keys, label_array, classes if classes else listed_classes,
+                  inputs=ParquetRows(image))
+
+
+def _parquet_columns(file: Path, schema: Any, pa: Any) -> tuple[str, str | None, str | None]:
+    """The image's leaf column, the path column (None without one), the label column (None)."""
+    image = path = None
+    for f in schema:
+        if pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0:
+            image = f"{f.name}.bytes"
+            path = f"{f.name}.path" if f.type.get_field_index("path") >= 0 else None
+            break
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            image = f.name
+            break
+    if image is None:
+        raise PackError(f"{file}: no image column (a struct of bytes and path, as Hugging Face writes, or binary)")
+    label = next((name for name in LABEL_COLUMNS if schema.get_field_index(name) >= 0), None)
+    return image, path, label
+
+
+def _class_names(schema: Any, label_column: str | None) -> list[str] | None:
+    """ClassLabel names from the ``huggingface`` schema metadata, if the file has them."""
+    try:
+        meta = json.loads((schema.metadata or {})[b"huggingface"])
+        feature = meta["info"]["features"][label_column]
+        return list(feature["names"]) if feature.get("_type") == "ClassLabel" else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def list_tar_shards(src: Path, files: list[Path]) -> Source:
+    """Samples of WebDataset tar shards: members grouped by key (the name up to the first dot
+    of its last part), the first image member as the image, and a ``.cls`` (or ``.label``)
+    member as the label."""
+    refs, names, labels = [], [], []
+    for tar in files:
+        samples: dict[str, dict[str, tarfile.TarInfo]] = {}
+        try:
+            with tarfile.open(tar, "r:") as archive:
+                for member in archive:
+                    if member.isfile():
+                        folder, _, base = member.name.rpartition("/")
+                        key, _, field = base.partition(".")
+                        samples.setdefault(f"{folder}/{key}" if folder else key, {})[field.lower()] = member
+                for key, fields in samples.items():
+                    image = next((m for f, m in fields.items() if f".{f.rsplit('.', 1)[-1]}" in IMAGE_EXTENSIONS), None)
+                    refs.append((str(tar), image.offset_data if image else -1, image.size if image else 0,
+                                 image.name if image else key))
+                    names.append(f"{tar.stem}/{key}")
+                    label = next((fields[f] for f in LABEL_FIELDS if f in fields), None)
+                    labels.append(archive.extractfile(label).read().decode("utf-8", "replace").strip() if label else "")
+        except (tarfile.TarError, OSError) as e:
+            raise PackError(f"{tar}: not a readable tar file ({e})") from None
+    if not refs:
+        raise PackError(f"{src}: the tar files hold no samples")
+    label_array, classes = _labels(labels, refs, TarMembers())
+    return Source("webdataset", src, refs, make_keys([f"{name}.x" for name in names]), label_array, classes,
+                  inputs=TarMembers())
+
+
+def list_dataset(dataset: Any) -> Source:
+    """A map-style Dataset's indices; labels come with the items when they are read, and class
+    names from its ``classes`` attribute (as torchvision's datasets have)."""
+    try:
+        count = len(dataset)
+        dataset.__getitem__  # noqa: B018 -- refused here, not in every worker
+    except (TypeError, AttributeError):
+        raise PackError(f"{type(dataset).__name__}: not a source: expected a path, or a Dataset with "
+                        "__getitem__ and __len__") from None
+    if count == 0:
+        raise PackError(f"{type(dataset).__name__}: the Dataset is empty")
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    classes = getattr(dataset, "classes", None)
+    return Source("dataset", Path(kind), list(range(count)), [f"{i:09d}" for i in range(count)],
+                  np.full(count, NO_LABEL, dtype=np.int64), list(classes) if classes else None,
+                  inputs=DatasetItems(dataset), identity=[kind, count, getattr(dataset, "_fingerprint", None)])
+
+
+def _labels(labels: list[str], refs: list, inputs: Any) -> tuple[np.ndarray, list[str] | None]:
+    if not labels:
+        return np.full(len(refs), NO_LABEL, dtype=np.int64), None
+    return parse_labels(labels, [inputs.name(ref) for ref in refs])

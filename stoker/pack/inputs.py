@@ -1,0 +1,208 @@
+"""Where the bytes of each input come from: files, rows of Parquet files, members of tar shards,
+or items of a map-style Dataset.
+
+A source listing (stoker/pack/sources.py) gives each sample a *ref*, a small JSON-able value
+that says where its bytes are (a path; a (file, row group, row) triple; a (tar, offset, size, member)
+tuple; an index). Shard jobs carry the refs and an ``Inputs`` object, which a worker process or
+Ray task uses to read them: ``read`` yields each input's bytes, with its label where the input
+carries one, or a BadInput naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from stoker.pack.images import BadInput
+
+# What a read gives for one input: its bytes and label (None: the listing's label), or why not.
+Read = tuple[bytes, int | None] | BadInput
+
+# The JPEG quality of images a Dataset returns decoded (PIL images, arrays), when they are stored.
+DATASET_JPEG_QUALITY = 90
+
+
+class Inputs(Protocol):
+    """How a shard job reads its inputs."""
+
+    def name(self, ref: Any) -> str:
+        """How messages and the rejected-input report name the input."""
+
+    def read(self, refs: Sequence[Any]) -> Iterator[Read]:
+        """The inputs, in order; one BadInput per input that cannot be read."""
+
+    def mean_size(self, refs: Sequence[Any]) -> float:
+        """Mean stored size of a spread sample of inputs, to plan shard sizes."""
+
+
+@dataclass(frozen=True)
+class Files:
+    """Inputs that are files; a ref is the path."""
+
+    def name(self, ref: str) -> str:
+        return ref
+
+    def read(self, refs: Sequence[str]) -> Iterator[Read]:
+        for path in refs:
+            try:
+                with open(path, "rb") as f:
+                    yield f.read(), None
+            except OSError as e:
+                yield BadInput(f"cannot read: {e.strerror or e}")
+
+    def mean_size(self, refs: Sequence[str]) -> float:
+        sizes = [os.path.getsize(path) for path in refs if os.path.isfile(path)]
+        return float(np.mean(sizes)) if sizes else 1.0
+
+
+@dataclass(frozen=True)
+class ParquetRows:
+    """Encoded images in a Parquet column (Hugging Face layout: a struct of ``bytes`` and ``path``,
+    or plain binary); a ref is (file, row group, row in the group). Each job reads every row
+    group it needs once, and only the image column."""
+
+    column: str  # the leaf column holding the bytes, e.g. "image.bytes"
+
+    def name(self, ref: Sequence) -> str:
+        file, group, row = ref
+        return f"{file}[row group {group}, row {row}]"
+
+    def read(self, refs: Sequence[Sequence]) -> Iterator[Read]:
+        import pyarrow.parquet as pq
+
+        groups: dict[tuple[str, int], Any] = {}
+        for file, group, row in refs:
+            if (file, group) not in groups:
+                if len(groups) > 4:  # refs come in listing order (or shuffled): keep a few groups, not all
+                    groups.pop(next(iter(groups)))
+                try:
+                    table = pq.ParquetFile(file).read_row_group(group, columns=[self.column]).flatten()
+                    groups[file, group] = table.column(self.column)
+                except (OSError, ValueError) as e:  # pyarrow's errors derive from these
+                    groups[file, group] = BadInput(f"cannot read row group {group}: {e}")
+            column = groups[file, group]
+            if isinstance(column, BadInput):
+                yield column
+                continue
+            value = column[row].as_py()
+            yield (bytes(value), None) if value else BadInput("no image bytes in this row")
+
+    def mean_size(self, refs: Sequence[Sequence]) -> float:
+        import pyarrow.parquet as pq
+
+        total = rows = 0
+        for file in sorted({ref[0] for ref in refs}):
+            meta = pq.ParquetFile(file).metadata
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                rows += group.num_rows
+                total += sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
+                             if group.column(c).path_in_schema == self.column)
+        return total / rows if rows else 1.0
+
+
+@dataclass(frozen=True)
+class TarMembers:
+    """Images inside tar files (WebDataset shards); a ref is (tar path, data offset, size, member
+    name), with offset -1 for a sample that has no image member."""
+
+    def name(self, ref: Sequence) -> str:
+        return f"{ref[0]}:{ref[3]}"
+
+    def read(self, refs: Sequence[Sequence]) -> Iterator[Read]:
+        handles: dict[str, Any] = {}
+        try:
+            for tar, offset, size, _ in refs:
+                if offset < 0:
+                    yield BadInput("the sample has no image member")
+                    continue
+                try:
+                    if tar not in handles:
+                        handles[tar] = open(tar, "rb")
+                    handles[tar].seek(offset)
+                    data = handles[tar].read(size)
+                except OSError as e:
+                    yield BadInput(f"cannot read: {e.strerror or e}")
+                    continue
+                yield (data, None) if len(data) == size else BadInput(f"truncated tar: {len(data)} of {size} bytes")
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    def mean_size(self, refs: Sequence[Sequence]) -> float:
+        sizes = [size for _, offset, size, _ in refs if offset >= 0]
+        return float(np.mean(sizes)) if sizes else 1.0
+
+
+@dataclass(frozen=True)
+class DatasetItems:
+    """Items of a map-style Dataset returning ``image`` or ``(image, label)``; a ref is the index.
+
+    The image may be encoded bytes (kept as they are), a PIL image, or a uint8 array or tensor
+    (HW, HWC or CHW), which are stored as JPEG (quality ``DATASET_JPEG_QUALITY``; PNG for modes
+    JPEG cannot hold). The dataset travels to every worker with each job, pickled.
+    """
+
+    dataset: Any
+
+    def name(self, ref: int) -> str:
+        return f"{type(self.dataset).__name__}[{ref}]"
+
+    def read(self, refs: Sequence[int]) -> Iterator[Read]:
+        for index in refs:
+            try:
+                item = self.dataset[index]
+            except Exception as e:  # noqa: BLE001 -- the user's __getitem__ may raise anything
+                yield BadInput(f"__getitem__ raised {type(e).__name__}: {e}")
+                continue
+            image, label = item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, None)
+            try:
+                yield encoded(image), _label(label)
+            except BadInput as e:
+                yield e
+
+    def mean_size(self, refs: Sequence[int]) -> float:
+        sizes = [len(read[0]) for read in self.read(refs[:: max(1, len(refs) // 32)]) if not isinstance(read, BadInput)]
+        return float(np.mean(sizes)) if sizes else 1.0
+
+
+def encoded(image: Any) -> bytes:
+    """The image as encoded bytes: bytes as they are; PIL images and uint8 arrays/tensors encoded."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(_hwc_uint8(image))
+    out = io.BytesIO()
+    if image.mode in ("RGB", "L"):
+        image.save(out, format="JPEG", quality=DATASET_JPEG_QUALITY)
+    else:
+        image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _hwc_uint8(image: Any) -> np.ndarray:
+    array = image.numpy() if hasattr(image, "numpy") else np.asarray(image)
+    if array.dtype != np.uint8:
+        raise BadInput(f"image array of {array.dtype}: expected uint8 (or PIL images, or encoded bytes)")
+    if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[2] not in (1, 3):
+        array = array.transpose(1, 2, 0)  # CHW, as torchvision tensors are
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] != 3):
+        raise BadInput(f"image array of shape {tuple(array.shape)}: expected HW, HWC or CHW with 1 or 3 channels")
+    return np.ascontiguousarray(array)
+
+
+def _label(label: Any) -> int | None:
+    if label is None:
+        return None
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        raise BadInput(f"label {label!r} is not an integer") from None
