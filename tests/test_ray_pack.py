@@ -17,6 +17,7 @@ from stoker.format import MANIFEST_NAME
 from stoker.format.verify import verify_dataset
 from tests.conftest import SMALL_SHARD
 from tests.test_resume import BlockedPack, files_state, wait_for
+from tests.test_sources import write_hf_parquet, write_webdataset
 
 ray = pytest.importorskip("ray")
 
@@ -94,3 +95,15 @@ def test_ray_pack_from_the_command_line(cluster, photos, packed, tmp_path, capsy
                 "--engine", "ray", "--quiet"]) == 0
     assert "packed 96 samples" in capsys.readouterr().out
     assert_same_data_set(packed, tmp_path / "cli")
+
+
+def test_ray_engine_packs_parquet_and_webdataset_sources_as_the_local_engine(cluster, photos, tmp_path):
+    write_hf_parquet(photos, tmp_path / "hf")
+    write_webdataset(photos, tmp_path / "wds")
+    for source in ("hf", "wds"):
+        local = stoker.pack(tmp_path / source, tmp_path / f"{source}-local", shard_bytes=SMALL_SHARD, workers=2,
+                            progress=False)
+        remote = stoker.pack(tmp_path / source, tmp_path / f"{source}-ray", shard_bytes=SMALL_SHARD, engine="ray",
+                             progress=False)
+        assert remote.num_samples == local.num_samples == 96
+        assert_same_data_set(local.dst, remote.dst)

@@ -8,6 +8,7 @@ sources are, so the shard plan is fixed before any image is read and a rerun res
 from __future__ import annotations
 
 import json
+import logging
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from stoker.format import NO_LABEL
 from stoker.pack.inputs import DatasetItems, ParquetRows, TarMembers
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
 
+log = logging.getLogger("stoker.pack")
 LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column one of these
 LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
 
@@ -116,7 +118,7 @@ def list_tar_shards(src: Path, files: list[Path]) -> Source:
         samples: dict[str, dict[str, tarfile.TarInfo]] = {}
         try:
             with tarfile.open(tar, "r:") as archive:
-                for member in archive:
+                for member in _members(tar, archive):
                     if member.isfile():
                         folder, _, base = member.name.rpartition("/")
                         key, _, field = base.partition(".")
@@ -135,6 +137,20 @@ def list_tar_shards(src: Path, files: list[Path]) -> Source:
     label_array, classes = _labels(labels, refs, TarMembers())
     return Source("webdataset", src, refs, make_keys([f"{name}.x" for name in names]), label_array, classes,
                   inputs=TarMembers())
+
+
+def _members(tar: Path, archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """The members up to the end, or up to damage (truncation, a bad header), which is logged:
+    samples before it are packed, and one cut short is rejected when read."""
+    members: list[tarfile.TarInfo] = []
+    try:
+        for member in archive:
+            members.append(member)
+    except tarfile.ReadError as e:
+        if not members:
+            raise
+        log.warning("%s: %s after member %s; the rest of this tar is not packed", tar, e, members[-1].name)
+    return members
 
 
 def list_dataset(dataset: Any) -> Source:

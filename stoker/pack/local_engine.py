@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,8 @@ _queue = None
 def _init_worker(progress_queue) -> None:
     global _queue
     _queue = progress_queue
+    if "torch" in sys.modules:  # a Dataset source uses torch: one thread per worker, as DataLoader workers do;
+        sys.modules["torch"].set_num_threads(1)  # a forked child entering an OpenMP region of its parent's hangs
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
 
 
