@@ -61,11 +61,24 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.drop_last = drop_last
         self.readahead = readahead
         self.epoch = 0
+        self._resume_at = 0  # samples of this epoch's share already trained on, after load_state_dict
         self.total_samples = int(self.bounds[-1])  # all ranks; len(self) is this rank's share
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` (same on every rank)."""
+        """Use the order of ``epoch`` (same on every rank). A resume point loaded for this epoch is kept."""
+        if epoch != self.epoch:
+            self._resume_at = 0
         self.epoch = epoch
+
+    def state_dict(self, samples_done: int) -> dict[str, int]:
+        """The position to resume from after this rank has trained on ``samples_done`` samples of the
+        current epoch (batches done x batch size: the sampler cannot know what DataLoader workers
+        fetched ahead). Save one per rank, with the model's checkpoint."""
+        return {"epoch": self.epoch, "samples_done": int(samples_done), "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next pass yields the rest of ``state``'s epoch, the passes after it whole epochs."""
+        self.epoch, self._resume_at, self.seed = state["epoch"], state["samples_done"], state["seed"]
 
     def order(self) -> np.ndarray:
         """This rank's sample indices for the current epoch."""
@@ -76,7 +89,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         return rank_share(global_order, self.rank, self.num_replicas, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
-        share = self.order()
+        share = self.order()[self._resume_at :]
+        self._resume_at = 0
         ahead = Lookahead(self.shards, self.bounds, share, self.window, hint_blocks=self.readahead)
         try:
             for start in range(0, len(share), _HINT_EVERY):
@@ -88,4 +102,4 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         n = self.total_samples
-        return n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)
+        return (n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)) - self._resume_at

@@ -137,8 +137,11 @@ class Loader:
         return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next pass at the beginning of ``epoch``."""
-        self.epoch, self._batches_done = epoch, 0
+        """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
+        loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already."""
+        if epoch != self.epoch:
+            self._batches_done = 0
+        self.epoch = epoch
 
     def state_dict(self) -> dict[str, int]:
         """Where the loader is: resuming from this yields exactly the batches not yet yielded."""
