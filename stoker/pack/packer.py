@@ -296,11 +296,23 @@ def _run_jobs(jobs: list[ShardJob], engine: str, workers: int | None, address: s
         with closing(finished):  # an error here stops the engine's workers before the pack lock is let go
             try:
                 for record in finished:
+                    _check_arrived(record, todo[0])
                     record.save(todo[0].work_dir)  # the driver's copy: a task on another node saved its own there
                     records[record.name] = record
             finally:
                 bar.close()
     return [records[job.name] for job in jobs], len(jobs) - len(todo)
+
+
+def _check_arrived(record: ShardRecord, job: ShardJob) -> None:
+    """A shard reported written must be in the destination as this process sees it: a Ray task
+    on another node writes a local path on its own disk unless the path is on a shared file system."""
+    if record.entry is None or job.upload is not None:
+        return
+    shard = Path(job.dst) / record.entry.name
+    if not shard.is_file() or shard.stat().st_size != record.entry.bytes:
+        raise PackError(f"{shard}: written by a pack task but not found here; with a Ray cluster, DST must be on a "
+                        "file system every node shares, or an object store URL (s3://...)")
 
 
 class _LazyBar:
