@@ -8,6 +8,7 @@ cluster model in docs/distributed.md is built from.
 
     .venv/bin/python bench/pack_engines.py                      # as stored (header checks only)
     .venv/bin/python bench/pack_engines.py --max-side 256       # re-encoding every photo
+    .venv/bin/python bench/pack_engines.py --videos 24          # 10 s 320x240 videos to JPEG frames
 """
 
 from __future__ import annotations
@@ -33,10 +34,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shard-mb", type=int, default=64)
     parser.add_argument("--max-side", type=int, default=None, help="re-encode photos larger than this")
+    parser.add_argument("--videos", type=int, default=0, help="pack this many 10 s videos (frames mode) instead")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    photos = make_sample_photos(args.data / "photos", count=args.photos, num_classes=100, progress=True)
-    files = sorted(photos.rglob("*.jpg"))
+    if args.videos:
+        from video import make_videos  # bench/video.py's generated pans with sensor noise
+
+        files = make_videos(args.data / "videos-320x240", args.videos, (320, 240), 10)
+        source, unit, options = files[0].parent.parent, "videos", {"video_mode": "frames"}
+    else:
+        source = make_sample_photos(args.data / "photos", count=args.photos, num_classes=100, progress=True)
+        files = sorted(source.rglob("*.jpg"))
+        unit, options = "photos", {"max_side": args.max_side}
     total = sum(p.stat().st_size for p in files)
     header("bench/pack_engines.py: stoker pack --engine ray vs the local engine")
     started = time.perf_counter()
@@ -48,8 +57,8 @@ def main() -> None:
         out = args.data / f"out-{engine}"
         shutil.rmtree(out, ignore_errors=True)
         start = time.perf_counter()
-        result = pack(photos, out, shard_bytes=args.shard_mb << 20, workers=args.workers, max_side=args.max_side,
-                      progress=False, engine=engine)
+        result = pack(source, out, shard_bytes=args.shard_mb << 20, workers=args.workers, progress=False, engine=engine,
+                      **options)
         seconds = time.perf_counter() - start
         shards[engine] = result.num_shards
         shutil.rmtree(out, ignore_errors=True)
@@ -60,13 +69,13 @@ def main() -> None:
     results = median_runs({"local": lambda: run("local"), "ray": lambda: run("ray")}, args.repeat)
     ray.shutdown()
     local, remote = med(results["local"]), med(results["ray"])
-    print(f"data: {len(files)} photos, {total / 1e6:.0f} MB, {shards['local']} shards; "
-          f"{args.workers} workers; max_side {args.max_side}; medians of {args.repeat} (photos/s runs: "
+    print(f"data: {len(files)} {unit}, {total / 1e6:.0f} MB, {shards['local']} shards; "
+          f"{args.workers} workers; {options}; medians of {args.repeat} ({unit}/s runs: "
           + "; ".join(f"{k} {', '.join(f'{v:.0f}' for v in vals)}" for k, vals in results.items()) + ")")
-    print(f"{'engine':32} {'photos/s':>9} {'source MB/s':>12} {'per core':>9}")
+    print(f"{'engine':32} {unit + '/s':>9} {'source MB/s':>12} {'per core':>9}")
     for name, rate in (("local (baseline)", local), ("ray, local instance", remote)):
         mb = rate * total / len(files) / 1e6
-        print(f"{name:32} {rate:9.0f} {mb:12.1f} {mb / args.workers:9.1f}")
+        print(f"{name:32} {rate:9.1f} {mb:12.1f} {mb / args.workers:9.1f}")
     print(f"ray / local: {remote / local:.0%} (target >= 80%); starting the local Ray instance took {ray_start:.1f} s")
 
 
