@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 import stoker
 from stoker.cli import main
+from stoker.errors import PackError
 from stoker.format import MANIFEST_NAME
 from stoker.format.verify import verify_dataset
 from tests.conftest import SMALL_SHARD
@@ -107,3 +109,13 @@ def test_ray_engine_packs_parquet_and_webdataset_sources_as_the_local_engine(clu
                              progress=False)
         assert remote.num_samples == local.num_samples == 96
         assert_same_data_set(local.dst, remote.dst)
+
+
+def test_a_task_stopped_by_strict_names_the_file(cluster, photos, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(photos, src)
+    bad = sorted(src.rglob("*.jpg"))[30]
+    bad.write_bytes(bad.read_bytes()[:2000])
+    with pytest.raises(PackError, match=rf"{bad}: truncated JPEG .*\(stopped by --strict\)"):
+        stoker.pack(src, tmp_path / "ds", shard_bytes=SMALL_SHARD, engine="ray", strict=True, progress=False)
+    assert not (tmp_path / "ds" / MANIFEST_NAME).exists()

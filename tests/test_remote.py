@@ -3,6 +3,8 @@ own process): ShardDataset, DataLoader workers under fork and spawn, stoker.Load
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch.utils.data
 
@@ -10,6 +12,7 @@ import stoker
 from stoker.errors import RemoteError
 from stoker.storage.remote import cache_root
 from tests.conftest import SMALL_SHARD
+from tests.test_resume import BlockedPack, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -79,3 +82,26 @@ def test_pack_to_s3_uploads_a_readable_data_set_and_resumes(s3, photos, packed):
     stoker.pack(photos, "s3://data/uploaded", shard_bytes=SMALL_SHARD, workers=2, progress=False,
                 storage_options=s3.options)
     assert s3.requests("PUT", "/data/uploaded/shard-") == puts  # every shard already there: none sent again
+
+
+def test_killed_pack_to_s3_resumes_and_uploads_only_missing_shards(s3, photos, packed, tmp_path):
+    s3.fs.mkdir("resume")
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_ENDPOINT_URL": s3.url, "AWS_DEFAULT_REGION": "eu-west-1"}
+    run = BlockedPack(photos, tmp_path, 60, 1, dst="s3://resume/ds", env=env)
+    try:
+        wait_for(lambda: s3.requests("PUT", "/resume/ds/shard-") >= 8)  # each task uploads its own shard at once
+    finally:
+        run.kill()
+    uploaded_before = s3.requests("PUT", "/resume/ds/shard-")
+    assert not s3.fs.exists("resume/ds/stoker.json")
+    run.unblock()
+    result = stoker.pack(run.src, "s3://resume/ds", shard_bytes=SMALL_SHARD, workers=1, progress=False,
+                         storage_options=s3.options)
+    shards = len(stoker.ShardDataset(packed).shards.manifest.shards)
+    assert result.reused_shards * 2 >= uploaded_before - 1
+    assert s3.requests("PUT", "/resume/ds/shard-") == 2 * shards, "shards uploaded before the kill are not sent again"
+    there = stoker.ShardDataset("s3://resume/ds", decode="raw", storage_options=s3.options)
+    here = stoker.ShardDataset(packed, decode="raw")
+    assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+    assert not any((cache_root() / "pack").iterdir())

@@ -35,8 +35,9 @@ class BlockedPack:
     the packer blocks reading it, deterministically mid-way, with earlier shards finished and a
     later one half written. :meth:`unblock` puts the real photo back for the rerun."""
 
-    def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int, *options: str) -> None:
-        self.src, self.dst = tmp_path / "src", tmp_path / "dst"
+    def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int, *options: str,
+                 dst: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.src, self.dst = tmp_path / "src", dst or tmp_path / "dst"
         shutil.copytree(photos, self.src)
         self.blocker = sorted(self.src.rglob("*.jpg"))[position]
         self.original = self.blocker.read_bytes()
@@ -44,7 +45,7 @@ class BlockedPack:
         os.mkfifo(self.blocker)
         self.process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(self.src), str(self.dst),
                                          "--shard-size", "600000", "--workers", str(workers), "--quiet", *options],
-                                        start_new_session=True)
+                                        start_new_session=True, env=env)
 
     def kill(self, whole_group: bool = True) -> None:
         if whole_group:

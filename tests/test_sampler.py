@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch.utils.data
 
 import stoker
 from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_share
@@ -143,3 +144,25 @@ def test_willneed_reads_a_range_larger_than_the_kernel_reads_per_call(tmp_path):
     finally:
         os.close(fd)
     assert resident_bytes(path) >= path.stat().st_size
+
+
+def test_sampler_resumes_twice_in_an_epoch_through_dataloader_workers(packed):
+    dataset = stoker.ShardDataset(packed, decode="raw")
+    whole = list(stoker.QuasiRandomSampler(dataset, seed=5))
+    sampler = stoker.QuasiRandomSampler(dataset, seed=5)
+    sampler.load_state_dict({"epoch": 0, "samples_done": 40, "seed": 5})
+    assert len(sampler) == len(whole) - 40
+    loader = torch.utils.data.DataLoader(range(len(dataset)), batch_size=10, sampler=sampler, num_workers=2)
+    seen = []
+    for step, batch in enumerate(loader, 1):
+        seen += batch.tolist()
+        if step == 3:
+            state = sampler.state_dict(samples_done=step * 10)  # the workers have fetched further ahead
+            break
+    assert seen == whole[40:70] and state["samples_done"] == 70
+    again = stoker.QuasiRandomSampler(dataset, seed=5)
+    again.load_state_dict(state)
+    again.set_epoch(0)  # the training loop's call for the epoch it resumes keeps the position
+    assert list(again) == whole[70:] and len(again) == len(whole), "after a finished pass, len is the whole share"
+    again.set_epoch(1)
+    assert len(list(again)) == len(whole)

@@ -169,3 +169,58 @@ def test_map_style_dataset_round_trips(photos, tmp_path, engine):
 def test_a_non_dataset_object_is_refused(tmp_path):
     with pytest.raises(PackError, match="expected a path, or a Dataset"):
         stoker.pack(object(), tmp_path / "ds", progress=False)
+
+
+def test_parquet_sources_are_checked_file_by_file(photos, tmp_path):
+    write_hf_parquet(photos, tmp_path / "hf")
+    data = next(iter(source_files(photos).values()))
+    pq.write_table(pa.table({"image": [{"bytes": data, "path": "x.jpg"}]}), tmp_path / "hf" / "train-00002-of-00003.parquet")
+    with pytest.raises(PackError, match=r"train-00002-of-00003.parquet: its image, path and label columns .* differ"):
+        stoker.pack(tmp_path / "hf", tmp_path / "mixed", progress=False)
+    (tmp_path / "hf" / "train-00002-of-00003.parquet").rename(tmp_path / "hf" / "test-00000-of-00001.parquet")
+    with pytest.raises(PackError, match=r"holds the splits test, train; pack one, e.g. .*test-\*.parquet"):
+        stoker.pack(tmp_path / "hf", tmp_path / "splits", progress=False)
+    result = stoker.pack(tmp_path / "hf" / "train-*.parquet", tmp_path / "train", workers=2, progress=False,
+                         shuffle_seed=3, shard_bytes=SMALL_SHARD)
+    classes = sorted({class_of(key) for key in source_files(photos)})
+    assert packed_members(result.dst) == {d: classes.index(class_of(k)) for k, d in source_files(photos).items()}
+
+
+def test_a_dataset_whose_content_changed_is_packed_again_not_resumed(photos, tmp_path):
+    class Shade(torch.utils.data.Dataset):
+        def __init__(self, level: int) -> None:
+            self.level = level
+
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int):
+            return np.full((8, 8, 3), self.level, np.uint8), 0
+
+    stoker.pack(Shade(10), tmp_path / "ds", workers=1, progress=False)
+    with pytest.raises(PackError, match="already holds a stoker data set made from other input"):
+        stoker.pack(Shade(200), tmp_path / "ds", workers=1, progress=False)
+
+
+def test_dict_items_cmyk_images_and_all_rejected_datasets(photos, tmp_path):
+    class HuggingFaceLike(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int):
+            image = Image.new("CMYK", (16, 12), (0, 50, 100, 0)) if i == 1 else Image.new("RGB", (16, 12), (9, 9, 9))
+            return {"image": image, "label": i}
+
+    result = stoker.pack(HuggingFaceLike(), tmp_path / "hf", workers=1, progress=False)
+    dataset = stoker.ShardDataset(result.dst, decode="tensor")
+    assert not result.rejected and sorted(int(dataset[i][1]) for i in range(3)) == [0, 1, 2]
+
+    class Floats(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):
+            return torch.rand(3, 8, 8), 0
+
+    with pytest.raises(PackError, match=r"every input was rejected \(2, .*Floats\[0\]: image array of float32"):
+        stoker.pack(Floats(), tmp_path / "floats", workers=1, progress=False)

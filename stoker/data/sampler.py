@@ -61,24 +61,27 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.drop_last = drop_last
         self.readahead = readahead
         self.epoch = 0
-        self._resume_at = 0  # samples of this epoch's share already trained on, after load_state_dict
+        self._pass_start = 0  # where in this epoch's share the pass begins: after load_state_dict, not 0
+        self._pass_done = False  # the pass reached the end (DataLoader workers may still be delivering it)
         self.total_samples = int(self.bounds[-1])  # all ranks; len(self) is this rank's share
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (same on every rank). A resume point loaded for this epoch is kept."""
         if epoch != self.epoch:
-            self._resume_at = 0
+            self._pass_start, self._pass_done = 0, False
         self.epoch = epoch
 
     def state_dict(self, samples_done: int) -> dict[str, int]:
-        """The position to resume from after this rank has trained on ``samples_done`` samples of the
-        current epoch (batches done x batch size: the sampler cannot know what DataLoader workers
-        fetched ahead). Save one per rank, with the model's checkpoint."""
-        return {"epoch": self.epoch, "samples_done": int(samples_done), "seed": self.seed}
+        """The position to resume from after the current pass has delivered ``samples_done``
+        samples that the model trained on (steps of this loop x batch size: the sampler cannot know
+        what DataLoader workers fetched ahead). A resumed pass counts from where it resumed; the
+        state holds the position in the epoch. Save one per rank, with the model's checkpoint."""
+        return {"epoch": self.epoch, "samples_done": self._pass_start + int(samples_done), "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume: the next pass yields the rest of ``state``'s epoch, the passes after it whole epochs."""
-        self.epoch, self._resume_at, self.seed = state["epoch"], state["samples_done"], state["seed"]
+        self.epoch, self._pass_start, self.seed = state["epoch"], state["samples_done"], state["seed"]
+        self._pass_done = False
 
     def order(self) -> np.ndarray:
         """This rank's sample indices for the current epoch."""
@@ -89,17 +92,20 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         return rank_share(global_order, self.rank, self.num_replicas, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
-        share = self.order()[self._resume_at :]
-        self._resume_at = 0
+        if self._pass_done:  # the previous pass finished its epoch: this one starts it again
+            self._pass_start, self._pass_done = 0, False
+        share = self.order()[self._pass_start :]
         ahead = Lookahead(self.shards, self.bounds, share, self.window, hint_blocks=self.readahead)
         try:
             for start in range(0, len(share), _HINT_EVERY):
                 ahead.advance(start)
                 yield from share[start : start + _HINT_EVERY].tolist()
             ahead.advance(len(share))
+            self._pass_done = True
         finally:
             ahead.close()
 
     def __len__(self) -> int:
         n = self.total_samples
-        return (n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)) - self._resume_at
+        start = 0 if self._pass_done else self._pass_start
+        return (n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)) - start

@@ -7,8 +7,10 @@ sources are, so the shard plan is fixed before any image is read and a rerun res
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -17,22 +19,35 @@ import numpy as np
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL
+from stoker.pack.images import BadInput
 from stoker.pack.inputs import DatasetItems, ParquetRows, TarMembers
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
 
 log = logging.getLogger("stoker.pack")
+_SPLIT_FILE = re.compile(r"(.+?)-\d{5}-of-\d{5}\.parquet")  # Hugging Face's split-NNNNN-of-NNNNN.parquet
 LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column one of these
 LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
 
 
 def archives_in(src: Path) -> list[Path]:
-    """The Parquet or tar files that ``src`` is (a file) or holds (Parquet anywhere below, tar
-    files directly in it); empty when it is neither."""
+    """The Parquet or tar files that ``src`` is (a file), matches (a glob pattern such as
+    ``data/train-*.parquet``) or holds (Parquet anywhere below, tar files directly in it); empty
+    when it is none of these. A folder holding several Hugging Face splits is refused."""
+    if not src.exists() and any(c in src.name for c in "*?["):
+        files = sorted(p for p in src.parent.glob(src.name) if p.is_file())
+        if not files:
+            raise PackError(f"{src}: the pattern matches no file")
+        return files
     if src.is_file():
         return [src] if src.suffix.lower() in (".parquet", ".tar") else []
     if not src.is_dir():
         return []
     parquet = sorted(src.rglob("*.parquet"))
+    splits = sorted({m.group(1) for p in parquet if (m := _SPLIT_FILE.fullmatch(p.name))})
+    if len(splits) > 1:
+        example = next(p for p in parquet if p.name.startswith(f"{splits[0]}-"))
+        raise PackError(f"{src}: holds the splits {', '.join(splits)}; pack one, e.g. "
+                        f"{example.parent / (splits[0] + '-*.parquet')}")
     return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and p.is_file())
 
 
@@ -55,15 +70,17 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
         try:
             parquet = pq.ParquetFile(file)
             schema = parquet.schema_arrow
+            columns = _parquet_columns(file, schema, pa)
             if image is None:
-                image, path_column, label_column = _parquet_columns(file, schema, pa)
+                (image, path_column, label_column), first = columns, schema
                 classes = _class_names(schema, label_column)
+            elif columns != (image, path_column, label_column) or not _same_types(schema, first, columns):
+                raise PackError(f"{file}: its image, path and label columns ({', '.join(map(str, columns))}) differ "
+                                f"from those of {files[0]} ({image}, {path_column}, {label_column}); pack them apart")
             wanted = [c for c in (path_column, label_column) if c]
             table = parquet.read(columns=wanted).flatten() if wanted else None
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
             raise PackError(f"{file}: not a readable Parquet file ({e})") from None
-        if schema.get_field_index(image.split(".")[0]) < 0:
-            raise PackError(f"{file}: has no column {image.split('.')[0]!r}, which {files[0]} has")
         paths = table.column(path_column).to_pylist() if path_column else [None] * parquet.metadata.num_rows
         if label_column:
             labels += ["" if v is None else str(v) for v in table.column(label_column).to_pylist()]
@@ -71,7 +88,7 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
         for group in range(parquet.metadata.num_row_groups):
             for in_group in range(parquet.metadata.row_group(group).num_rows):
                 refs.append((str(file), group, in_group))
-                rel = file.relative_to(src) if file != src else Path(file.name)
+                rel = file.relative_to(src if src.is_dir() else src.parent)
                 names.append(f"{rel.with_suffix('').as_posix()}/{paths[row] or f'{row:09d}'}")
                 row += 1
     if not refs:
@@ -99,6 +116,12 @@ def _parquet_columns(file: Path, schema: Any, pa: Any) -> tuple[str, str | None,
     return image, path, label
 
 
+def _same_types(schema: Any, first: Any, columns: tuple[str | None, ...]) -> bool:
+    """Whether the top-level columns behind ``columns`` have the same types in both schemas."""
+    names = {c.split(".")[0] for c in columns if c}
+    return all(schema.field(name).type == first.field(name).type for name in names)
+
+
 def _class_names(schema: Any, label_column: str | None) -> list[str] | None:
     """ClassLabel names from the ``huggingface`` schema metadata, if the file has them."""
     try:
@@ -119,7 +142,7 @@ def list_tar_shards(src: Path, files: list[Path]) -> Source:
         try:
             with tarfile.open(tar, "r:") as archive:
                 for member in _members(tar, archive):
-                    if member.isfile():
+                    if member.type in (tarfile.REGTYPE, tarfile.AREGTYPE):  # not sparse, links or folders
                         folder, _, base = member.name.rpartition("/")
                         key, _, field = base.partition(".")
                         samples.setdefault(f"{folder}/{key}" if folder else key, {})[field.lower()] = member
@@ -168,7 +191,17 @@ def list_dataset(dataset: Any) -> Source:
     classes = getattr(dataset, "classes", None)
     return Source("dataset", Path(kind), list(range(count)), [f"{i:09d}" for i in range(count)],
                   np.full(count, NO_LABEL, dtype=np.int64), list(classes) if classes else None,
-                  inputs=DatasetItems(dataset), identity=[kind, count, getattr(dataset, "_fingerprint", None)])
+                  inputs=DatasetItems(dataset), identity=[kind, count, getattr(dataset, "_fingerprint", None),
+                                                          _sampled_content(DatasetItems(dataset), count)])
+
+
+def _sampled_content(inputs: DatasetItems, count: int) -> str:
+    """A digest of a few items spread over the Dataset (bytes and labels), for the plan: a resumed
+    pack of a Dataset whose content changed starts over instead of mixing old and new shards."""
+    digest = hashlib.sha256()
+    for read in inputs.read(sorted({0, count // 3, count // 2, 2 * count // 3, count - 1})):
+        digest.update(read.reason.encode() if isinstance(read, BadInput) else read[0] + str(read[1]).encode())
+    return digest.hexdigest()
 
 
 def _labels(labels: list[str], refs: list, inputs: Any) -> tuple[np.ndarray, list[str] | None]:

@@ -26,10 +26,14 @@ Read = tuple[bytes, int | None] | BadInput
 
 # The JPEG quality of images a Dataset returns decoded (PIL images, arrays), when they are stored.
 DATASET_JPEG_QUALITY = 90
+IMAGE_KEYS = ("image", "img", "jpg", "png")  # dict items: where the image is (Hugging Face: "image")
+LABEL_KEYS = ("label", "labels", "cls")
 
 
 class Inputs(Protocol):
     """How a shard job reads its inputs."""
+
+    named: bool  # whether name(ref) ends in the input's own file extension (a member field is named after it)
 
     def name(self, ref: Any) -> str:
         """How messages and the rejected-input report name the input."""
@@ -44,6 +48,8 @@ class Inputs(Protocol):
 @dataclass(frozen=True)
 class Files:
     """Inputs that are files; a ref is the path."""
+
+    named = True
 
     def name(self, ref: str) -> str:
         return ref
@@ -68,6 +74,7 @@ class ParquetRows:
     group it needs once, and only the image column."""
 
     column: str  # the leaf column holding the bytes, e.g. "image.bytes"
+    named = False
 
     def name(self, ref: Sequence) -> str:
         file, group, row = ref
@@ -76,22 +83,25 @@ class ParquetRows:
     def read(self, refs: Sequence[Sequence]) -> Iterator[Read]:
         import pyarrow.parquet as pq
 
-        groups: dict[tuple[str, int], Any] = {}
-        for file, group, row in refs:
-            if (file, group) not in groups:
-                if len(groups) > 4:  # refs come in listing order (or shuffled): keep a few groups, not all
-                    groups.pop(next(iter(groups)))
+        # Each row group this job needs is read once, when its first row is due, and the rows the
+        # job wants from it kept until yielded: refs in listing order hold one group at a time,
+        # refs of a shuffled pack at most the job's own rows (a shard's worth).
+        wanted: dict[tuple[str, int], list[int]] = {}
+        for position, (file, group, _) in enumerate(refs):
+            wanted.setdefault((file, group), []).append(position)
+        ready: dict[int, Read] = {}
+        for position, (file, group, _) in enumerate(refs):
+            if position not in ready:
                 try:
                     table = pq.ParquetFile(file).read_row_group(group, columns=[self.column]).flatten()
-                    groups[file, group] = table.column(self.column)
-                except (OSError, ValueError) as e:  # pyarrow's errors derive from these
-                    groups[file, group] = BadInput(f"cannot read row group {group}: {e}")
-            column = groups[file, group]
-            if isinstance(column, BadInput):
-                yield column
-                continue
-            value = column[row].as_py()
-            yield (bytes(value), None) if value else BadInput("no image bytes in this row")
+                    column = table.column(self.column)
+                    for p in wanted[file, group]:
+                        value = column[refs[p][2]].as_py()
+                        ready[p] = (bytes(value), None) if value else BadInput("no image bytes in this row")
+                except (OSError, ValueError, KeyError) as e:  # pyarrow's errors derive from the first two
+                    for p in wanted[file, group]:
+                        ready[p] = BadInput(f"cannot read row group {group}: {type(e).__name__}: {e}")
+            yield ready.pop(position)
 
     def mean_size(self, refs: Sequence[Sequence]) -> float:
         import pyarrow.parquet as pq
@@ -111,6 +121,8 @@ class ParquetRows:
 class TarMembers:
     """Images inside tar files (WebDataset shards); a ref is (tar path, data offset, size, member
     name), with offset -1 for a sample that has no image member."""
+
+    named = True
 
     def name(self, ref: Sequence) -> str:
         return f"{ref[0]}:{ref[3]}"
@@ -142,7 +154,9 @@ class TarMembers:
 
 @dataclass(frozen=True)
 class DatasetItems:
-    """Items of a map-style Dataset returning ``image`` or ``(image, label)``; a ref is the index.
+    """Items of a map-style Dataset returning ``image``, ``(image, label)`` or a dict with an
+    ``image`` (or ``img``) and a ``label`` (or ``labels``) entry, as Hugging Face datasets do; a
+    ref is the index.
 
     The image may be encoded bytes (kept as they are), a PIL image, or a uint8 array or tensor
     (HW, HWC or CHW), which are stored as JPEG (quality ``DATASET_JPEG_QUALITY``; PNG for modes
@@ -150,6 +164,7 @@ class DatasetItems:
     """
 
     dataset: Any
+    named = False
 
     def name(self, ref: int) -> str:
         return f"{type(self.dataset).__name__}[{ref}]"
@@ -161,11 +176,13 @@ class DatasetItems:
             except Exception as e:  # noqa: BLE001 -- the user's __getitem__ may raise anything
                 yield BadInput(f"__getitem__ raised {type(e).__name__}: {e}")
                 continue
-            image, label = item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, None)
             try:
+                image, label = _image_and_label(item)
                 yield encoded(image), _label(label)
             except BadInput as e:
                 yield e
+            except (OSError, ValueError, TypeError) as e:  # Pillow refusing to encode what it was given
+                yield BadInput(f"cannot encode the image ({type(e).__name__}: {e})")
 
     def mean_size(self, refs: Sequence[int]) -> float:
         sizes = [len(read[0]) for read in self.read(refs[:: max(1, len(refs) // 32)]) if not isinstance(read, BadInput)]
@@ -179,11 +196,22 @@ def encoded(image: Any) -> bytes:
     if not isinstance(image, Image.Image):
         image = Image.fromarray(_hwc_uint8(image))
     out = io.BytesIO()
-    if image.mode in ("RGB", "L"):
+    if image.mode in ("RGB", "L", "CMYK"):
         image.save(out, format="JPEG", quality=DATASET_JPEG_QUALITY)
     else:
         image.save(out, format="PNG")
     return out.getvalue()
+
+
+def _image_and_label(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, dict):
+        image = next((item[k] for k in IMAGE_KEYS if k in item), None)
+        if image is None:
+            raise BadInput(f"the item is a dict without an image entry ({', '.join(IMAGE_KEYS)}); it has {sorted(item)}")
+        return image, next((item[k] for k in LABEL_KEYS if k in item), None)
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    return item, None
 
 
 def _hwc_uint8(image: Any) -> np.ndarray:

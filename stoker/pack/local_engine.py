@@ -14,7 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 
+from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
 
 
@@ -27,9 +29,10 @@ def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     progress_queue = context.Queue()
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    # The inputs (a Dataset, for one) go to each worker once, inherited under fork, not with every job.
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(progress_queue,)) as pool:
-        pending: set[Future] = {pool.submit(_worker_job, job) for job in todo}
+                             initargs=(progress_queue, todo[0].inputs)) as pool:
+        pending: set[Future] = {pool.submit(_worker_job, replace(job, inputs=None)) for job in todo}
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -44,11 +47,12 @@ def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int
 
 
 _queue = None
+_inputs: Inputs | None = None
 
 
-def _init_worker(progress_queue) -> None:
-    global _queue
-    _queue = progress_queue
+def _init_worker(progress_queue, inputs: Inputs) -> None:
+    global _queue, _inputs
+    _queue, _inputs = progress_queue, inputs
     if "torch" in sys.modules:  # a Dataset source uses torch: one thread per worker, as DataLoader workers do;
         sys.modules["torch"].set_num_threads(1)  # a forked child entering an OpenMP region of its parent's hangs
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -62,7 +66,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def _worker_job(job: ShardJob) -> ShardRecord:
-    return run_shard_job(job, lambda n, nbytes: _queue.put(n))
+    return run_shard_job(replace(job, inputs=_inputs), lambda n, nbytes: _queue.put(n))
 
 
 def _drain(progress_queue, progress: Callable[[int], None]) -> None:

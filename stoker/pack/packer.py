@@ -10,7 +10,6 @@ the rest; a manifest only ever lists complete shards. The source is only read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -55,7 +54,7 @@ from stoker.pack.shard_job import (
 )
 from stoker.pack.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Source, open_source
 from stoker.storage.publish import Upload, publish
-from stoker.storage.remote import cache_root, is_url
+from stoker.storage.remote import is_url
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32
@@ -125,8 +124,8 @@ def pack(
     if engine not in ("local", "ray"):
         raise PackError(f"engine must be local or ray, got {engine!r}")
     upload = Upload(str(dst), storage_options or {}) if is_url(dst) else None
-    if upload is not None:  # shards are written here, then uploaded by the task that wrote them
-        dst = cache_root() / "pack" / hashlib.sha256(upload.url.encode()).hexdigest()[:24]
+    if upload is not None:  # the plan and records live here; each task writes its shards in its own node's scratch
+        dst = upload.scratch
     started = time.perf_counter()
     if video_mode not in (None, "frames", "video"):
         raise PackError(f"video mode must be frames or video, got {video_mode!r}")
@@ -181,6 +180,9 @@ def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, 
         raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
     manifest = _assemble_manifest(source, records, options, plan_digest)
     _write_rejected(dst, rejected)
+    if manifest.num_samples == 0:
+        raise PackError(f"every input was rejected ({len(rejected)}, listed in {dst / REJECTED_NAME}); the first: "
+                        f"{rejected[0][0]}: {rejected[0][1]}")
     write_manifest(dst, manifest)
     source_bytes = sum(record.source_bytes for record in records)
     notes = [n for record in records for n in record.notes]
@@ -366,7 +368,12 @@ def _field_kind(field_name: str) -> str:
     return "image" if f".{field_name}" in IMAGE_EXTENSIONS else "bytes"
 
 
+def _one_cell(text: str) -> str:
+    """Tabs and line breaks (in a tar member's name, say) would break the TSV's rows: escaped."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
 def _write_rejected(dst: Path, rejected: list[tuple[str, str]]) -> None:
-    lines = ["path\treason"] + [f"{path}\t{reason}" for path, reason in rejected]
+    lines = ["path\treason"] + [f"{_one_cell(path)}\t{_one_cell(reason)}" for path, reason in rejected]
     atomic_write(dst / REJECTED_NAME, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
 

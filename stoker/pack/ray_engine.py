@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from stoker.errors import PackError, StokerError
+from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
 
 TASK_RETRIES = 3
@@ -36,6 +38,7 @@ def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[in
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
     try:
         task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_ray_task)
+        inputs = ray.put(todo[0].inputs)  # once into the object store, not pickled into every task (a Dataset)
         sizes = {job.name: len(job.items) for job in todo}
         queued = list(reversed(todo))
         running: list[Any] = []
@@ -43,7 +46,7 @@ def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[in
         try:
             while queued or running:
                 while queued and len(running) < limit:
-                    running.append(task.remote(queued.pop()))
+                    running.append(task.remote(replace(queued.pop(), inputs=None), inputs))
                 done, running = ray.wait(running, num_returns=1)
                 for ref in done:
                     record = _result(ray, ref)
@@ -58,22 +61,24 @@ def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[in
             ray.shutdown()
 
 
-def _ray_task(job: ShardJob) -> ShardRecord:
-    return run_shard_job(job)
+def _ray_task(job: ShardJob, inputs: Inputs) -> ShardRecord:
+    return run_shard_job(replace(job, inputs=inputs))
 
 
 def _result(ray: Any, ref: Any) -> ShardRecord:
-    """The task's record; its PackError as a PackError; a lost worker or node as a PackError that says to rerun."""
+    """The task's record. A stoker error in the task (bad input with strict, a full disk) is raised
+    as it is; anything else Ray reports (a task's other exceptions, a worker, node or object lost
+    after the retries, memory) becomes a PackError that says finished shards are kept."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:
-        cause = e.cause if isinstance(e.cause, Exception) else e
-        if isinstance(cause, StokerError):
-            raise type(cause)(str(cause)) from None
+        if isinstance(e.cause, StokerError):
+            raise e.cause from None
+        cause = e.cause if e.cause is not None else e
         raise PackError(f"a Ray pack task failed: {type(cause).__name__}: {cause}") from None
-    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.TaskCancelledError) as e:
-        raise PackError(f"a Ray pack task was lost ({type(e).__name__}) after {TASK_RETRIES} retries; finished "
-                        "shards are kept: run the same command again to resume") from None
+    except ray.exceptions.RayError as e:
+        raise PackError(f"a Ray pack task was lost ({type(e).__name__}: {e}); finished shards are kept: run the "
+                        "same command again to resume") from None
 
 
 def _import_ray() -> Any:

@@ -9,21 +9,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL, ShardEntry, atomic_write
+from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack.images import DEFAULT_MAX_PIXELS, BadInput, inspect_image, shrink_image
 from stoker.pack.inputs import Files, Inputs, Read
-from stoker.pack.sources import IMAGE_EXTENSIONS
 from stoker.pack.writer import ShardWriter
 from stoker.storage.publish import Upload
 
 CLASS_FIELD = "cls"
-# The member field of images from archives and Datasets, which have no file extension to keep.
+# The member field of images without a name to take it from (Parquet rows, Dataset items).
 FORMAT_FIELDS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff", "PPM": "ppm"}
 PROGRESS_EVERY = 32
 
@@ -99,14 +99,13 @@ class ShardRecord:
             return None
 
 
-def check_sample(name: str, data: bytes, options: ImageOptions) -> tuple[str, bytes, int]:
+def check_sample(name: str, data: bytes, options: ImageOptions, named: bool = True) -> tuple[str, bytes, int]:
     """Check one image; return its field name, the bytes to store and the source size. The field
-    is the file's extension where it has an image one, else the format's usual one."""
+    is the extension of ``name`` when ``named`` (files, tar members) and it has one, else the
+    format's usual extension."""
     info = inspect_image(data, full_decode=options.verify_decode, max_pixels=options.max_pixels)
-    extension = os.path.splitext(name)[1].lower()
-    field_name = extension.lstrip(".") if extension in IMAGE_EXTENSIONS else FORMAT_FIELDS.get(info.format)
-    if field_name is None:
-        raise BadInput(f"{info.format} images are not packed (JPEG, PNG, WebP, BMP, TIFF and PPM are)")
+    extension = os.path.splitext(name)[1].lower().lstrip(".") if named else ""
+    field_name = extension or FORMAT_FIELDS.get(info.format, info.format.lower())
     if options.max_side is not None:
         try:
             shrunk = shrink_image(data, info, options.max_side, options.quality)
@@ -129,14 +128,20 @@ def load_members(ref: Any, job: ShardJob, read: Read | None,
     if isinstance(read, BadInput):
         raise read
     data, label = read
-    field_name, data, original_size = check_sample(job.inputs.name(ref), data, job.image)
+    field_name, data, original_size = check_sample(job.inputs.name(ref), data, job.image, job.inputs.named)
     return [(field_name, data)], original_size, None, label
 
 
 def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
-    """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError."""
+    """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError.
+
+    With ``job.upload`` the shard is written in this node's scratch folder for the URL (a Ray
+    task on another node has its own), uploaded, and deleted there; the driver keeps the record.
+    """
+    if job.upload is not None:
+        job = replace(job, dst=str(job.upload.scratch), work_dir=str(job.upload.scratch / WORK_DIR_NAME))
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
-    Path(job.work_dir).mkdir(parents=True, exist_ok=True)  # an uploading task on another node: its own folder
+    Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     rejected: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
     done = done_bytes = source_bytes = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +23,17 @@ class ShardWriter:
     """Appends samples to ``directory/name`` as tar members and builds the index alongside.
 
     Nothing appears under the final names until :meth:`commit`; a crash or :meth:`abort` leaves
-    only temporary files (``.<name>.tmp``), which the next pack removes. The index is renamed
+    only temporary files (``.<name>.<pid>-<random>.tmp``), which the next pack removes. The index is renamed
     before the shard, and a reader trusts a shard only once the manifest lists it.
     """
 
     def __init__(self, directory: str | os.PathLike, name: str) -> None:
         self.directory = Path(directory)
         self.name = name
-        self._tmp = self.directory / f".{name}.tmp"
+        # A name of its own per writer: a task orphaned by a killed driver (Ray kills them, but not
+        # at once) cannot rename a rerun's half-written file into place, and its own was deleted.
+        self._unique = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._tmp = self.directory / f".{name}.{self._unique}.tmp"
         self._file = open(self._tmp, "wb")
         self._offset = 0
         self._checksum = FileChecksum()
@@ -62,7 +66,7 @@ class ShardWriter:
         index_bytes = self._index.to_bytes(samples_end, self._offset)
         index_checksum = FileChecksum()
         index_checksum.update(index_bytes)
-        index_tmp = self.directory / f".{index_name(self.name)}.tmp"
+        index_tmp = self.directory / f".{index_name(self.name)}.{self._unique}.tmp"
         try:
             with open(index_tmp, "wb") as f:
                 f.write(index_bytes)

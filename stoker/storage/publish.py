@@ -9,6 +9,7 @@ resumes. Every upload is retried on transient errors (:func:`stoker.storage.retr
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 import fsspec
 
+from stoker.errors import RemoteError
 from stoker.format import MANIFEST_NAME, REJECTED_NAME, read_manifest
+from stoker.storage.remote import cache_root
 from stoker.storage.retry import with_retries
 
 
@@ -42,14 +45,24 @@ class Upload:
                             retries=self.retries, backoff=self.backoff)
 
     def sizes(self) -> dict[str, int]:
-        """The size of every object directly under the URL, by name: one listing request."""
+        """The size of every object directly under the URL, by name: one listing request. Nothing
+        there yet is an empty listing; denied access and other failures raise RemoteError."""
         fs, root = self._fs()
-        try:
-            listing = with_retries(self.url, lambda: fs.ls(root, detail=True, refresh=True),
-                                   retries=self.retries, backoff=self.backoff)
-        except Exception:  # noqa: BLE001 -- nothing there yet (backends differ in what they raise)
-            return {}
-        return {entry["name"].rsplit("/", 1)[-1]: entry["size"] for entry in listing if entry.get("type") == "file"}
+
+        def listing() -> list[dict]:
+            try:
+                return fs.ls(root, detail=True, refresh=True)
+            except FileNotFoundError:
+                return []
+
+        entries = with_retries(self.url, listing, retries=self.retries, backoff=self.backoff)
+        return {entry["name"].rsplit("/", 1)[-1]: entry["size"] for entry in entries if entry.get("type") == "file"}
+
+    @property
+    def scratch(self) -> Path:
+        """The folder on this machine where shards for this URL are written before upload, and where
+        the driver keeps the plan and records; each node computes its own (homes differ)."""
+        return cache_root() / "pack" / hashlib.sha256(self.url.encode()).hexdigest()[:24]
 
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
         return fsspec.core.url_to_fs(self.url, **self.storage_options)
@@ -68,6 +81,9 @@ def publish(local: str | os.PathLike, url: str, *, storage_options: dict[str, An
     for shard in manifest.shards:
         for name, size in ((shard.name, shard.bytes), (shard.index, shard.index_bytes)):
             if there.get(name) != size:
+                if not (local / name).is_file():
+                    raise RemoteError(f"{url}/{name}: missing or of the wrong size there, and no longer in {local}; "
+                                      f"delete {local} and pack again")
                 upload.put(local / name, name)
                 uploaded += 1
     for name in (REJECTED_NAME, MANIFEST_NAME):  # the manifest last: readers see a complete data set or none
