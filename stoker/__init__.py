@@ -13,22 +13,65 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from stoker.data.dataset import ShardDataset
-from stoker.data.sampler import QuasiRandomSampler
-from stoker.doctor import DoctorReport, doctor, watch
-from stoker.echo import EchoStats, echo
-from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
-from stoker.loader import CropSpec, Loader
-from stoker.pack import PackResult, pack
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
+# Public names and the modules that define them, imported on first use: `stoker pack`, its worker
+# processes and Ray tasks never need torch, whose import alone takes ~1.7 s here.
+_EXPORTS = {
+    "ShardDataset": "stoker.data.dataset",
+    "QuasiRandomSampler": "stoker.data.sampler",
+    "DoctorReport": "stoker.doctor",
+    "doctor": "stoker.doctor",
+    "watch": "stoker.doctor",
+    "EchoStats": "stoker.echo",
+    "echo": "stoker.echo",
+    "CorruptDataError": "stoker.errors",
+    "FormatError": "stoker.errors",
+    "PackError": "stoker.errors",
+    "StokerError": "stoker.errors",
+    "CropSpec": "stoker.loader",
+    "Loader": "stoker.loader",
+    "PackResult": "stoker.pack",
+    "pack": "stoker.pack",
+    "VideoClipDataset": "stoker.video",  # PyAV, the `video` extra
+}
+
+if TYPE_CHECKING:
+    from stoker.data.dataset import ShardDataset
+    from stoker.data.sampler import QuasiRandomSampler
+    from stoker.doctor import DoctorReport, doctor, watch
+    from stoker.echo import EchoStats, echo
+    from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
+    from stoker.loader import CropSpec, Loader
+    from stoker.pack import PackResult, pack
+    from stoker.video import VideoClipDataset
 
 
 def __getattr__(name: str):
-    """``stoker.VideoClipDataset`` imports PyAV (the ``video`` extra) only when first used."""
-    if name == "VideoClipDataset":
-        from stoker.video import VideoClipDataset
+    """Import a public name's module when the name is first used."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
-        return VideoClipDataset
-    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+
+class _Stoker(types.ModuleType):
+    """``stoker.pack``, ``stoker.doctor`` and ``stoker.echo`` are functions named like the packages
+    that define them, and importing such a package (``import stoker.doctor.run``) sets the
+    attribute to the package: the function is returned all the same."""
+
+    def __getattribute__(self, name: str):
+        value = super().__getattribute__(name)
+        if name in ("pack", "doctor", "echo") and isinstance(value, types.ModuleType):
+            return getattr(value, name)
+        return value
+
+
+sys.modules[__name__].__class__ = _Stoker
 
 
 __all__ = [

@@ -172,8 +172,9 @@ def test_verify_decode_catches_damage_inside_the_compressed_data(photos, tmp_pat
     (src / "a/damaged.png").write_bytes(bytes(png))
     cheap = stoker.pack(src, tmp_path / "cheap", workers=1, progress=False)
     assert cheap.rejected == []
-    full = stoker.pack(src, tmp_path / "full", workers=1, verify_decode=True, progress=False)
-    assert len(full.rejected) == 1 and "decode failed" in full.rejected[0][1]
+    with pytest.raises(PackError, match=r"every input was rejected \(1, .*damaged.png: decode failed"):
+        stoker.pack(src, tmp_path / "full", workers=1, verify_decode=True, progress=False)
+    assert "damaged.png\tdecode failed" in (tmp_path / "full" / "rejected.tsv").read_text()
 
 
 def test_path_list_sources(photos, tmp_path):

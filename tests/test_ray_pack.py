@@ -4,9 +4,14 @@ resumable after a real kill, straight to an object store."""
 from __future__ import annotations
 
 import filecmp
+import importlib.util
 import json
+import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,15 +26,32 @@ from tests.conftest import SMALL_SHARD
 from tests.test_resume import BlockedPack, files_state, wait_for
 from tests.test_sources import write_hf_parquet, write_webdataset
 
-ray = pytest.importorskip("ray")
+if importlib.util.find_spec("ray") is None:  # not importorskip: this process never loads Ray (see ray_engine.py)
+    pytest.skip("needs ray", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray instance with 2 CPUs; its address lets subprocess drivers join it."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    """A real local Ray cluster with 2 CPUs, started as `ray start` starts one; packs join it
+    through RAY_ADDRESS (or --address), each from a driver process of its own."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    # Ray 2.60's `ray start` turns token authentication on, and its drivers look for the token only
+    # when told to; a test cluster on localhost goes without.
+    settings = {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "disabled"}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    subprocess.run([ray_cli, "start", "--head", "--num-cpus=2", f"--port={port}", "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+    yield settings["RAY_ADDRESS"]
+    subprocess.run([ray_cli, "stop", "--force"], check=True, capture_output=True, timeout=120)
+    for name, value in previous.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 def assert_same_data_set(a: Path, b: Path) -> None:

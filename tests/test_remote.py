@@ -4,6 +4,7 @@ own process): ShardDataset, DataLoader workers under fork and spawn, stoker.Load
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch.utils.data
@@ -91,6 +92,10 @@ def test_killed_pack_to_s3_resumes_and_uploads_only_missing_shards(s3, photos, p
     run = BlockedPack(photos, tmp_path, 60, 1, dst="s3://resume/ds", env=env)
     try:
         wait_for(lambda: s3.requests("PUT", "/resume/ds/shard-") >= 8)  # each task uploads its own shard at once
+        settled = -1
+        while settled != s3.requests("PUT", "/resume/ds/shard-"):  # until the worker waits on the blocked photo
+            settled = s3.requests("PUT", "/resume/ds/shard-")
+            time.sleep(1.0)
     finally:
         run.kill()
     uploaded_before = s3.requests("PUT", "/resume/ds/shard-")

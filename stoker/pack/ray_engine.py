@@ -5,20 +5,34 @@ whole shard, so the output is byte for byte what the local engine writes. Each t
 shard and record straight to the destination, which every node must reach: a shared file system
 path, or an object store URL (the task uploads what it wrote). Ray retries a task whose worker or
 node died; a killed driver leaves finished shards, and a rerun redoes only the missing ones.
+
+Unless Ray is already initialised in the calling process, the Ray driver runs in a process of
+its own (``python -m stoker.pack.ray_engine``), fed the jobs through cloudpickle and sending the
+records back. Ray's gRPC threads outlive ``ray.shutdown()``, and a process forked after that
+(our local engine, DataLoader workers) crashed with SIGSEGV in about one fork in three, measured
+here; so the calling process never loads Ray itself.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import replace
-from typing import Any
+from typing import IO, Any
 
 from stoker.errors import PackError, StokerError
 from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
 
 TASK_RETRIES = 3
+_FRAME = struct.Struct("<Q")
 
 
 def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None],
@@ -32,33 +46,38 @@ def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[in
     finds (``RAY_ADDRESS``, or a cluster started on this node), else starts a local instance. A
     Ray session that was already initialised in this process is used as it is.
     """
-    ray = _import_ray()
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("cloudpickle") is None:
+        raise PackError("engine='ray' needs Ray: pip install 'stoker[ray]'")
+    sizes = {job.name: len(job.items) for job in todo}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        records = _run_in_session(ray, todo, workers)
+    else:
+        records = _run_in_driver_process(todo, workers, address)
+    with closing(records):  # leaving early stops the driver process or cancels the tasks
+        for record in records:
+            progress(sizes[record.name])
+            yield record
+
+
+def _run_in_session(ray: Any, todo: list[ShardJob], workers: int | None) -> Iterator[ShardRecord]:
+    """The tasks on the Ray session of this process."""
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_ray_task)
+    inputs = ray.put(todo[0].inputs)  # once into the object store, not pickled into every task (a Dataset)
+    queued = list(reversed(todo))
+    running: list[Any] = []
+    limit = workers or len(todo)
     try:
-        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_ray_task)
-        inputs = ray.put(todo[0].inputs)  # once into the object store, not pickled into every task (a Dataset)
-        sizes = {job.name: len(job.items) for job in todo}
-        queued = list(reversed(todo))
-        running: list[Any] = []
-        limit = workers or len(todo)
-        try:
-            while queued or running:
-                while queued and len(running) < limit:
-                    running.append(task.remote(replace(queued.pop(), inputs=None), inputs))
-                done, running = ray.wait(running, num_returns=1)
-                for ref in done:
-                    record = _result(ray, ref)
-                    progress(sizes[record.name])
-                    yield record
-        except BaseException:
-            for ref in running:
-                ray.cancel(ref, force=True)
-            raise
-    finally:
-        if owned:
-            ray.shutdown()
+        while queued or running:
+            while queued and len(running) < limit:
+                running.append(task.remote(replace(queued.pop(), inputs=None), inputs))
+            done, running = ray.wait(running, num_returns=1)
+            for ref in done:
+                yield _result(ray, ref)
+    except BaseException:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        raise
 
 
 def _ray_task(job: ShardJob, inputs: Inputs) -> ShardRecord:
@@ -81,9 +100,64 @@ def _result(ray: Any, ref: Any) -> ShardRecord:
                         "same command again to resume") from None
 
 
-def _import_ray() -> Any:
+def _run_in_driver_process(todo: list[ShardJob], workers: int | None, address: str | None) -> Iterator[ShardRecord]:
+    """The tasks run by a driver process of our own; its records come back through a pipe."""
+    import cloudpickle  # the jobs may hold a Dataset of a class defined in the caller's script
+
+    read_end, write_end = os.pipe()
+    driver = subprocess.Popen([sys.executable, "-m", "stoker.pack.ray_engine", str(write_end)],
+                              stdin=subprocess.PIPE, pass_fds=(write_end,))
+    os.close(write_end)
+    finished = False
     try:
-        import ray
-    except ImportError:
-        raise PackError("engine='ray' needs Ray: pip install 'stoker[ray]'") from None
-    return ray
+        with os.fdopen(read_end, "rb") as frames:
+            driver.stdin.write(cloudpickle.dumps((todo, workers, address)))
+            driver.stdin.close()
+            while (frame := _read_frame(frames)) is not None:
+                kind, value = frame
+                if kind == "error":
+                    raise value
+                yield value
+        finished = True
+    finally:
+        if not finished:  # stopped early (an error, Ctrl-C): the driver's tasks are cancelled with it
+            driver.terminate()
+        driver.wait()
+    if driver.returncode != 0:
+        raise PackError(f"the Ray driver process ended with status {driver.returncode} (its messages are above); "
+                        "finished shards are kept: run the same command again to resume")
+
+
+def _drive(out: IO[bytes]) -> None:
+    """The driver process: jobs from stdin, one frame per record (or the error) to ``out``."""
+    import cloudpickle
+    import ray
+
+    todo, workers, address = cloudpickle.loads(sys.stdin.buffer.read())
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        for record in _run_in_session(ray, todo, workers):
+            _write_frame(out, ("record", record))
+    except StokerError as e:
+        _write_frame(out, ("error", e))
+    finally:
+        ray.shutdown()
+
+
+def _write_frame(out: IO[bytes], value: object) -> None:
+    data = pickle.dumps(value)
+    out.write(_FRAME.pack(len(data)) + data)
+    out.flush()
+
+
+def _read_frame(frames: IO[bytes]) -> Any:
+    """The next frame from our own driver process (trusted: it is our child), None at the end."""
+    head = frames.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    return pickle.loads(frames.read(_FRAME.unpack(head)[0]))
+
+
+if __name__ == "__main__":
+    with os.fdopen(int(sys.argv[1]), "wb") as records_out:
+        _drive(records_out)
