@@ -14,6 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING
@@ -51,12 +52,20 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    """Import a public name's module when the name is first used."""
-    if name not in _EXPORTS:
+    """Import a public name's module when the name is first used; ``stoker.errors`` and the other
+    subpackages work as attributes, as they did when everything was imported at once."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'stoker' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
 
 
 class _Stoker(types.ModuleType):

@@ -141,3 +141,25 @@ def test_a_task_stopped_by_strict_names_the_file(cluster, photos, tmp_path):
     with pytest.raises(PackError, match=rf"{bad}: truncated JPEG .*\(stopped by --strict\)"):
         stoker.pack(src, tmp_path / "ds", shard_bytes=SMALL_SHARD, engine="ray", strict=True, progress=False)
     assert not (tmp_path / "ds" / MANIFEST_NAME).exists()
+
+
+def test_a_dataset_from_a_module_beside_the_script(cluster, photos, packed, tmp_path):
+    """As a user runs it: `python scripts/pack.py`, whose Dataset class lives in scripts/mydata.py."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "mydata.py").write_text(
+        "from pathlib import Path\n\n"
+        "class Photos:\n"
+        "    def __init__(self, root):\n"
+        "        self.files = sorted(Path(root).rglob('*.jpg'))[:10]\n"
+        "    def __len__(self):\n"
+        "        return len(self.files)\n"
+        "    def __getitem__(self, i):\n"
+        "        return self.files[i].read_bytes(), i % 2\n")
+    (scripts / "pack.py").write_text(
+        "import sys\nimport stoker\nfrom mydata import Photos\n"
+        "print(stoker.pack(Photos(sys.argv[1]), sys.argv[2], engine='ray', progress=False).num_samples)\n")
+    done = subprocess.run([sys.executable, str(scripts / "pack.py"), str(photos), str(tmp_path / "ds")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("10")

@@ -166,3 +166,6 @@ def test_sampler_resumes_twice_in_an_epoch_through_dataloader_workers(packed):
     assert list(again) == whole[70:] and len(again) == len(whole), "after a finished pass, len is the whole share"
     again.set_epoch(1)
     assert len(list(again)) == len(whole)
+    assert again.state_dict(samples_done=len(whole) + 5)["samples_done"] == len(whole)  # a last, partial batch
+    with pytest.raises(ValueError, match="outside this rank's share"):
+        again.load_state_dict({"epoch": 1, "samples_done": len(whole) + 1, "seed": 5})

@@ -177,8 +177,8 @@ def test_parquet_sources_are_checked_file_by_file(photos, tmp_path):
     pq.write_table(pa.table({"image": [{"bytes": data, "path": "x.jpg"}]}), tmp_path / "hf" / "train-00002-of-00003.parquet")
     with pytest.raises(PackError, match=r"train-00002-of-00003.parquet: its image, path and label columns .* differ"):
         stoker.pack(tmp_path / "hf", tmp_path / "mixed", progress=False)
-    (tmp_path / "hf" / "train-00002-of-00003.parquet").rename(tmp_path / "hf" / "test-00000-of-00001.parquet")
-    with pytest.raises(PackError, match=r"holds the splits test, train; pack one, e.g. .*test-\*.parquet"):
+    (tmp_path / "hf" / "train-00002-of-00003.parquet").rename(tmp_path / "hf" / "test-00000-of-00001-1a2b3c.parquet")
+    with pytest.raises(PackError, match=r"holds several splits or configs \(test, train\); pack one"):
         stoker.pack(tmp_path / "hf", tmp_path / "splits", progress=False)
     result = stoker.pack(tmp_path / "hf" / "train-*.parquet", tmp_path / "train", workers=2, progress=False,
                          shuffle_seed=3, shard_bytes=SMALL_SHARD)

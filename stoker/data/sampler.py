@@ -76,10 +76,14 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         samples that the model trained on (steps of this loop x batch size: the sampler cannot know
         what DataLoader workers fetched ahead). A resumed pass counts from where it resumed; the
         state holds the position in the epoch. Save one per rank, with the model's checkpoint."""
-        return {"epoch": self.epoch, "samples_done": self._pass_start + int(samples_done), "seed": self.seed}
+        done = min(self._pass_start + int(samples_done), self._share_length())  # a last, partial batch
+        return {"epoch": self.epoch, "samples_done": done, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume: the next pass yields the rest of ``state``'s epoch, the passes after it whole epochs."""
+        if not 0 <= state["samples_done"] <= self._share_length():
+            raise ValueError(f"samples_done={state['samples_done']} is outside this rank's share of "
+                             f"{self._share_length()} samples: another data set or world size?")
         self.epoch, self._pass_start, self.seed = state["epoch"], state["samples_done"], state["seed"]
         self._pass_done = False
 
@@ -106,6 +110,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             ahead.close()
 
     def __len__(self) -> int:
+        return self._share_length() - (0 if self._pass_done else self._pass_start)
+
+    def _share_length(self) -> int:
         n = self.total_samples
-        start = 0 if self._pass_done else self._pass_start
-        return (n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)) - start
+        return n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)

@@ -7,9 +7,11 @@ sources are, so the shard plan is fixed before any image is read and a rerun res
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -24,7 +26,7 @@ from stoker.pack.inputs import DatasetItems, ParquetRows, TarMembers
 from stoker.pack.sources import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
 
 log = logging.getLogger("stoker.pack")
-_SPLIT_FILE = re.compile(r"(.+?)-\d{5}-of-\d{5}\.parquet")  # Hugging Face's split-NNNNN-of-NNNNN.parquet
+_SPLIT_FILE = re.compile(r"(.+?)-\d{5}-of-\d{5}(?:-[0-9a-f]+)?\.parquet")  # split-NNNNN-of-NNNNN[-hash].parquet
 LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column one of these
 LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
 
@@ -32,23 +34,42 @@ LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset l
 def archives_in(src: Path) -> list[Path]:
     """The Parquet or tar files that ``src`` is (a file), matches (a glob pattern such as
     ``data/train-*.parquet``) or holds (Parquet anywhere below, tar files directly in it); empty
-    when it is none of these. A folder holding several Hugging Face splits is refused."""
-    if not src.exists() and any(c in src.name for c in "*?["):
-        files = sorted(p for p in src.parent.glob(src.name) if p.is_file())
+    when it is none of these, or an image folder (class folders holding images win over a stray
+    ``metadata.parquet``). A folder holding several Hugging Face splits or configs is refused."""
+    if not src.exists() and any(c in str(src) for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(src)) if p.lower().endswith((".parquet", ".tar")))
         if not files:
-            raise PackError(f"{src}: the pattern matches no file")
+            raise PackError(f"{src}: the pattern matches no .parquet or .tar file")
         return files
     if src.is_file():
         return [src] if src.suffix.lower() in (".parquet", ".tar") else []
-    if not src.is_dir():
+    if not src.is_dir() or _holds_class_folders_of_images(src):
         return []
     parquet = sorted(src.rglob("*.parquet"))
-    splits = sorted({m.group(1) for p in parquet if (m := _SPLIT_FILE.fullmatch(p.name))})
+    splits = sorted({split for p in parquet if (split := _split_of(p)) is not None})
     if len(splits) > 1:
-        example = next(p for p in parquet if p.name.startswith(f"{splits[0]}-"))
-        raise PackError(f"{src}: holds the splits {', '.join(splits)}; pack one, e.g. "
-                        f"{example.parent / (splits[0] + '-*.parquet')}")
+        names = ", ".join(f"{folder.relative_to(src) / name}" for folder, name in splits[:4])
+        raise PackError(f"{src}: holds several splits or configs ({names}); pack one: give its folder or a pattern "
+                        f"such as {splits[0][0] / (splits[0][1] + '-*.parquet')}")
     return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+
+
+def _split_of(parquet: Path) -> tuple[Path, str] | None:
+    """(folder, split) of a file in Hugging Face's layouts: ``<folder>/<split>-NNNNN-of-NNNNN[-hash].parquet``
+    or ``<folder>/<split>/NNNN.parquet``; None for other names."""
+    if match := _SPLIT_FILE.fullmatch(parquet.name):
+        return parquet.parent, match.group(1)
+    if re.fullmatch(r"\d+\.parquet", parquet.name):
+        return parquet.parent.parent, parquet.parent.name
+    return None
+
+
+def _holds_class_folders_of_images(src: Path) -> bool:
+    """Whether a class folder of ``src`` holds an image file directly (the first few looked at)."""
+    for folder in sorted(p for p in src.iterdir() if p.is_dir())[:8]:
+        if any(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder)):
+            return True
+    return False
 
 
 def list_archives(src: Path, files: list[Path]) -> Source:
@@ -75,8 +96,9 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
                 (image, path_column, label_column), first = columns, schema
                 classes = _class_names(schema, label_column)
             elif columns != (image, path_column, label_column) or not _same_types(schema, first, columns):
-                raise PackError(f"{file}: its image, path and label columns ({', '.join(map(str, columns))}) differ "
-                                f"from those of {files[0]} ({image}, {path_column}, {label_column}); pack them apart")
+                raise PackError(f"{file}: its image, path and label columns ({', '.join(map(str, columns))}) or their "
+                                f"types differ from those of {files[0]} ({image}, {path_column}, {label_column}); "
+                                "pack them apart")
             wanted = [c for c in (path_column, label_column) if c]
             table = parquet.read(columns=wanted).flatten() if wanted else None
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
@@ -117,8 +139,9 @@ def _parquet_columns(file: Path, schema: Any, pa: Any) -> tuple[str, str | None,
 
 
 def _same_types(schema: Any, first: Any, columns: tuple[str | None, ...]) -> bool:
-    """Whether the top-level columns behind ``columns`` have the same types in both schemas."""
-    names = {c.split(".")[0] for c in columns if c}
+    """Whether the top-level columns behind ``columns`` (``image.bytes`` is in ``image``; a
+    column may have a dot in its own name) have the same types in both schemas."""
+    names = {c if schema.get_field_index(c) >= 0 else c.split(".")[0] for c in columns if c}
     return all(schema.field(name).type == first.field(name).type for name in names)
 
 

@@ -98,7 +98,7 @@ class ParquetRows:
                     for p in wanted[file, group]:
                         value = column[refs[p][2]].as_py()
                         ready[p] = (bytes(value), None) if value else BadInput("no image bytes in this row")
-                except (OSError, ValueError, KeyError) as e:  # pyarrow's errors derive from the first two
+                except (OSError, ValueError, KeyError, IndexError) as e:  # pyarrow's errors derive from the first two
                     for p in wanted[file, group]:
                         ready[p] = BadInput(f"cannot read row group {group}: {type(e).__name__}: {e}")
             yield ready.pop(position)

@@ -16,6 +16,7 @@ here; so the calling process never loads Ray itself.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -32,6 +33,7 @@ from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
 
 TASK_RETRIES = 3
+DRIVER_EXIT_SECONDS = 60
 _FRAME = struct.Struct("<Q")
 
 
@@ -108,22 +110,33 @@ def _run_in_driver_process(todo: list[ShardJob], workers: int | None, address: s
     driver = subprocess.Popen([sys.executable, "-m", "stoker.pack.ray_engine", str(write_end)],
                               stdin=subprocess.PIPE, pass_fds=(write_end,))
     os.close(write_end)
-    finished = False
+    received, finished = 0, False
     try:
         with os.fdopen(read_end, "rb") as frames:
-            driver.stdin.write(cloudpickle.dumps((todo, workers, address)))
-            driver.stdin.close()
+            try:
+                # This process's import path first (a Dataset's module beside the user's script), then the jobs.
+                paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+                driver.stdin.write(json.dumps(paths).encode() + b"\n" + cloudpickle.dumps((todo, workers, address)))
+                driver.stdin.close()
+            except BrokenPipeError:  # the driver died before reading its input: its status is reported below
+                pass
             while (frame := _read_frame(frames)) is not None:
                 kind, value = frame
                 if kind == "error":
+                    finished = True  # the driver stops its tasks and Ray on its own
                     raise value
+                received += 1
                 yield value
         finished = True
     finally:
-        if not finished:  # stopped early (an error, Ctrl-C): the driver's tasks are cancelled with it
+        if not finished:  # stopped early (Ctrl-C, the caller's error): the driver's tasks are cancelled with it
             driver.terminate()
-        driver.wait()
-    if driver.returncode != 0:
+        try:
+            driver.wait(timeout=DRIVER_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.wait()
+    if driver.returncode != 0 and received < len(todo):
         raise PackError(f"the Ray driver process ended with status {driver.returncode} (its messages are above); "
                         "finished shards are kept: run the same command again to resume")
 
@@ -133,8 +146,18 @@ def _drive(out: IO[bytes]) -> None:
     import cloudpickle
     import ray
 
+    paths = json.loads(sys.stdin.buffer.readline())
+    extra = [p for p in paths if p not in sys.path]
+    sys.path.extend(extra)
     todo, workers, address = cloudpickle.loads(sys.stdin.buffer.read())
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        # The same import path for the tasks, as Ray gives a driver script's folder to its workers.
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                 job_config=ray.job_config.JobConfig(_py_driver_sys_path=extra))
+    except Exception as e:  # noqa: BLE001 -- a wrong address, a refused token: Ray raises several kinds
+        _write_frame(out, ("error", PackError(f"cannot start or join Ray (address {address!r}): "
+                                              f"{type(e).__name__}: {e}")))
+        return
     try:
         for record in _run_in_session(ray, todo, workers):
             _write_frame(out, ("record", record))
@@ -151,11 +174,14 @@ def _write_frame(out: IO[bytes], value: object) -> None:
 
 
 def _read_frame(frames: IO[bytes]) -> Any:
-    """The next frame from our own driver process (trusted: it is our child), None at the end."""
+    """The next frame from our own driver process (trusted: it is our child); None at the end, or
+    where the driver died in the middle of a frame (its exit status tells)."""
     head = frames.read(_FRAME.size)
     if len(head) < _FRAME.size:
         return None
-    return pickle.loads(frames.read(_FRAME.unpack(head)[0]))
+    size = _FRAME.unpack(head)[0]
+    body = frames.read(size)
+    return pickle.loads(body) if len(body) == size else None
 
 
 if __name__ == "__main__":
