@@ -98,8 +98,9 @@ def pack(
 ) -> PackResult:
     """Pack ``src`` into shards in ``dst``. ``src`` is an ImageFolder tree, a CSV/TSV of
     ``path,label``, Parquet files holding encoded images (a file or a folder of them, as Hugging
-    Face ``datasets`` writes them), WebDataset tar shards (a file or a folder of them), or a
-    map-style Dataset whose items are ``image`` or ``(image, label)`` (see stoker/pack/inputs.py).
+    Face ``datasets`` writes them, or a pattern), WebDataset tar shards (a file or a folder of
+    them), or a map-style Dataset whose items are ``image``, ``(image, label)`` or a dict with
+    both (see stoker/pack/inputs.py).
 
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
