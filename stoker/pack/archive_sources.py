@@ -106,12 +106,12 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
         paths = table.column(path_column).to_pylist() if path_column else [None] * parquet.metadata.num_rows
         if label_column:
             labels += ["" if v is None else str(v) for v in table.column(label_column).to_pylist()]
+        prefix = file.relative_to(src if src.is_dir() else src.parent).with_suffix("").as_posix()
         row = 0
         for group in range(parquet.metadata.num_row_groups):
             for in_group in range(parquet.metadata.row_group(group).num_rows):
                 refs.append((str(file), group, in_group))
-                rel = file.relative_to(src if src.is_dir() else src.parent)
-                names.append(f"{rel.with_suffix('').as_posix()}/{paths[row] or f'{row:09d}'}")
+                names.append(f"{prefix}/{paths[row] or f'{row:09d}'}")
                 row += 1
     if not refs:
         raise PackError(f"{src}: the Parquet files hold no rows")
@@ -230,4 +230,4 @@ def _sampled_content(inputs: DatasetItems, count: int) -> str:
 def _labels(labels: list[str], refs: list, inputs: Any) -> tuple[np.ndarray, list[str] | None]:
     if not labels:
         return np.full(len(refs), NO_LABEL, dtype=np.int64), None
-    return parse_labels(labels, [inputs.name(ref) for ref in refs])
+    return parse_labels(labels, lambda i: inputs.name(refs[i]))

@@ -90,18 +90,25 @@ class ParquetRows:
         for position, (file, group, _) in enumerate(refs):
             wanted.setdefault((file, group), []).append(position)
         ready: dict[int, Read] = {}
-        for position, (file, group, _) in enumerate(refs):
-            if position not in ready:
-                try:
-                    table = pq.ParquetFile(file).read_row_group(group, columns=[self.column]).flatten()
-                    column = table.column(self.column)
-                    for p in wanted[file, group]:
-                        value = column[refs[p][2]].as_py()
-                        ready[p] = (bytes(value), None) if value else BadInput("no image bytes in this row")
-                except (OSError, ValueError, KeyError, IndexError) as e:  # pyarrow's errors derive from the first two
-                    for p in wanted[file, group]:
-                        ready[p] = BadInput(f"cannot read row group {group}: {type(e).__name__}: {e}")
-            yield ready.pop(position)
+        opened: dict[str, Any] = {}  # each file's footer parsed once per job, not once per row group
+        try:
+            for position, (file, group, _) in enumerate(refs):
+                if position not in ready:
+                    try:
+                        if file not in opened:
+                            opened[file] = pq.ParquetFile(file)
+                        table = opened[file].read_row_group(group, columns=[self.column]).flatten()
+                        column = table.column(self.column)
+                        for p in wanted[file, group]:
+                            value = column[refs[p][2]].as_py()
+                            ready[p] = (bytes(value), None) if value else BadInput("no image bytes in this row")
+                    except (OSError, ValueError, KeyError, IndexError) as e:  # pyarrow's errors derive from the first two
+                        for p in wanted[file, group]:
+                            ready[p] = BadInput(f"cannot read row group {group}: {type(e).__name__}: {e}")
+                yield ready.pop(position)
+        finally:
+            for parquet in opened.values():
+                parquet.close()
 
     def mean_size(self, refs: Sequence[Sequence]) -> float:
         import pyarrow.parquet as pq
@@ -160,7 +167,8 @@ class DatasetItems:
 
     The image may be encoded bytes (kept as they are), a PIL image, or a uint8 array or tensor
     (HW, HWC or CHW), which are stored as JPEG (quality ``DATASET_JPEG_QUALITY``; PNG for modes
-    JPEG cannot hold). The dataset travels to every worker with each job, pickled.
+    JPEG cannot hold). The dataset goes to each worker process once (Ray: once into its object
+    store), not with every job.
     """
 
     dataset: Any

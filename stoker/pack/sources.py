@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def read_path_list(list_file: Path, videos: bool = False) -> Source:
             lines.append(line)
     if not rows:
         raise PackError(f"{list_file}: the list holds no paths")
-    labels, classes = parse_labels([label for _, label in rows], [f"{list_file}:{line}" for line in lines])
+    labels, classes = parse_labels([label for _, label in rows], lambda i: f"{list_file}:{lines[i]}")
     paths = [str(base / p) for p, _ in rows]
     rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
     given = np.array(spans, dtype=np.float64).reshape(-1, 2)
@@ -134,19 +135,19 @@ def _span(cells: list[str], list_file: Path, line: int) -> tuple[float, float]:
     return start, end
 
 
-def parse_labels(raw: list[str], where: list[str]) -> tuple[np.ndarray, list[str] | None]:
+def parse_labels(raw: list[str], where: Callable[[int], str]) -> tuple[np.ndarray, list[str] | None]:
     """All empty: no labels. All integers: kept. Otherwise class names, indexed in sorted order.
-    ``where`` names each label's place for error messages."""
+    ``where(i)`` names label i's place, for error messages only (not built for every label)."""
     empty = [label == "" for label in raw]
     if all(empty):
         return np.full(len(raw), NO_LABEL, dtype=np.int64), None
     if any(empty):
-        raise PackError(f"{where[empty.index(True)]}: no label while others have one; label every sample or none")
+        raise PackError(f"{where(empty.index(True))}: no label while others have one; label every sample or none")
     numeric = [re.fullmatch(r"-?\d+", label) is not None for label in raw]
     if all(numeric):
         return np.array([int(label) for label in raw], dtype=np.int64), None
     if any(numeric):
-        raise PackError(f"{where[numeric.index(not numeric[0])]}: labels mix integers and class names; use one kind")
+        raise PackError(f"{where(numeric.index(not numeric[0]))}: labels mix integers and class names; use one kind")
     classes = sorted(set(raw))
     index = {name: i for i, name in enumerate(classes)}
     return np.array([index[label] for label in raw], dtype=np.int64), classes
