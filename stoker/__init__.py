@@ -11,13 +11,13 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import importlib
 import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING
+
+from stoker.version import __version__
 
 # Public names and the modules that define them, imported on first use: `stoker pack`, its worker
 # processes and Ray tasks never need torch, whose import alone takes ~1.7 s here.

@@ -9,7 +9,7 @@ from typing import Any
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
-from stoker.pack.sources import open_source
+from stoker.sources import open_source
 
 
 class FolderDataset(torch.utils.data.Dataset):

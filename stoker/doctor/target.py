@@ -21,7 +21,7 @@ import torch.utils.data
 from stoker.data.dataset import ShardDataset
 from stoker.errors import StokerError
 from stoker.format import MANIFEST_NAME
-from stoker.pack.sources import IMAGE_EXTENSIONS, read_path_list
+from stoker.sources import IMAGE_EXTENSIONS, read_path_list
 
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 

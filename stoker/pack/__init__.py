@@ -1,8 +1,8 @@
 """Packing: sources (image folders, path lists) -> checked samples -> shards, on worker processes."""
 
-from stoker.pack.images import BadInput, ImageInfo, inspect_image
+from stoker.pack.images import ImageInfo, inspect_image
 from stoker.pack.packer import PackResult, pack
-from stoker.pack.sources import Source, open_source
 from stoker.pack.writer import ShardWriter
+from stoker.sources import BadInput, Source, open_source
 
 __all__ = ["BadInput", "ImageInfo", "PackResult", "ShardWriter", "Source", "inspect_image", "open_source", "pack"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from stoker.errors import PackError
 from stoker.format import MANIFEST_NAME, REJECTED_NAME
 from stoker.format.layout import LOCK_NAME, WORK_DIR_NAME
-from stoker.pack.sources import Source
+from stoker.sources import Source
 from stoker.storage.locks import exclusive
 
 LOCK_WAIT_SECONDS = 10.0

@@ -8,16 +8,10 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from stoker.sources.inputs import BadInput
+
 # Pillow refuses to open images above twice its MAX_IMAGE_PIXELS; we use the same default bound.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
-
-
-class BadInput(Exception):
-    """The input cannot be packed; ``reason`` says why in a few words."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 
-from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
+from stoker.sources.inputs import Inputs
 
 
 def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None]) -> Iterator[ShardRecord]:

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stoker import __version__
 from stoker.errors import PackError
 from stoker.format import (
     DEFAULT_SHARD_BYTES,
@@ -42,19 +41,13 @@ from stoker.format import (
 from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_field
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
-from stoker.pack.images import BadInput
 from stoker.pack.local_engine import run_local
-from stoker.pack.shard_job import (
-    CLASS_FIELD,
-    ImageOptions,
-    ShardJob,
-    ShardRecord,
-    VideoOptions,
-    load_members,
-)
-from stoker.pack.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Source, open_source
+from stoker.pack.options import ImageOptions, VideoOptions
+from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
+from stoker.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadInput, Source, open_source
 from stoker.storage.publish import Upload, publish
 from stoker.storage.remote import is_url
+from stoker.version import __version__
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32

@@ -29,8 +29,8 @@ from dataclasses import replace
 from typing import IO, Any
 
 from stoker.errors import PackError, StokerError
-from stoker.pack.inputs import Inputs
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
+from stoker.sources.inputs import Inputs
 
 TASK_RETRIES = 3
 DRIVER_EXIT_SECONDS = 60

@@ -17,40 +17,16 @@ from typing import Any
 from stoker.errors import PackError
 from stoker.format import NO_LABEL, ShardEntry, atomic_write
 from stoker.format.layout import WORK_DIR_NAME
-from stoker.pack.images import DEFAULT_MAX_PIXELS, BadInput, inspect_image, shrink_image
-from stoker.pack.inputs import Files, Inputs, Read
+from stoker.pack.images import inspect_image, shrink_image
+from stoker.pack.options import ImageOptions, VideoOptions
 from stoker.pack.writer import ShardWriter
+from stoker.sources.inputs import BadInput, Files, Inputs, Read
 from stoker.storage.publish import Upload
 
 CLASS_FIELD = "cls"
 # The member field of images without a name to take it from (Parquet rows, Dataset items).
 FORMAT_FIELDS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff", "PPM": "ppm"}
 PROGRESS_EVERY = 32
-
-
-@dataclass(frozen=True)
-class ImageOptions:
-    """How each image is checked and whether it is re-encoded."""
-
-    max_side: int | None = None
-    quality: int = 90
-    verify_decode: bool = False
-    max_pixels: int = DEFAULT_MAX_PIXELS
-
-
-@dataclass(frozen=True)
-class VideoOptions:
-    """How each video is stored (see stoker/pack/videos.py): ``mode`` frames | video; in frames
-    mode, resampled to ``fps`` (None: every frame), the short side resized to ``short_side``
-    (None: as is), JPEG ``quality``; in video mode, re-encoded with a keyframe every ``gop``
-    frames at x264 quality ``crf`` (None: the original bytes)."""
-
-    mode: str = "frames"
-    fps: float | None = None
-    short_side: int | None = None
-    quality: int = 90
-    gop: int | None = None
-    crf: int = 23
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import numpy as np
 from PIL import Image
 
 from stoker.format.layout import FRAME_TABLE_FIELD, frame_field
-from stoker.pack.images import BadInput
-from stoker.pack.shard_job import VideoOptions
+from stoker.pack.options import VideoOptions
+from stoker.sources.inputs import BadInput
 from stoker.video.table import FrameTable, VideoError, scan_video
 
 

@@ -1,7 +1,7 @@
 """Sources whose images live inside other files: Parquet (the Hugging Face ``datasets`` layout)
 and WebDataset tar shards, plus map-style Datasets given through the Python API.
 
-Each is listed up front into refs (see stoker/pack/inputs.py), keys and labels, as the file
+Each is listed up front into refs (see stoker/sources/inputs.py), keys and labels, as the file
 sources are, so the shard plan is fixed before any image is read and a rerun resumes.
 """
 
@@ -21,9 +21,8 @@ import numpy as np
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL
-from stoker.pack.images import BadInput
-from stoker.pack.inputs import DatasetItems, ParquetRows, TarMembers
-from stoker.pack.sources import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
+from stoker.sources.inputs import BadInput, DatasetItems, ParquetRows, TarMembers
+from stoker.sources.listing import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
 
 log = logging.getLogger("stoker.pack")
 _SPLIT_FILE = re.compile(r"(.+?)-\d{5}-of-\d{5}(?:-[0-9a-f]+)?\.parquet")  # split-NNNNN-of-NNNNN[-hash].parquet

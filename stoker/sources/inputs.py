@@ -1,7 +1,7 @@
 """Where the bytes of each input come from: files, rows of Parquet files, members of tar shards,
 or items of a map-style Dataset.
 
-A source listing (stoker/pack/sources.py) gives each sample a *ref*, a small JSON-able value
+A source listing (stoker/sources/) gives each sample a *ref*, a small JSON-able value
 that says where its bytes are (a path; a (file, row group, row) triple; a (tar, offset, size, member)
 tuple; an index). Shard jobs carry the refs and an ``Inputs`` object, which a worker process or
 Ray task uses to read them: ``read`` yields each input's bytes, with its label where the input
@@ -19,7 +19,14 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from stoker.pack.images import BadInput
+
+class BadInput(Exception):
+    """The input cannot be packed; ``reason`` says why in a few words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 # What a read gives for one input: its bytes and label (None: the listing's label), or why not.
 Read = tuple[bytes, int | None] | BadInput

@@ -1,0 +1,83 @@
+"""The listing of a source: parallel arrays of refs, keys and labels, and the rules that make
+keys and labels from what a source gives (paths, label cells).
+
+A source is listed once, up front, into plain arrays; the shard plan is computed from that listing,
+so a rerun after a kill sees the same plan and can resume.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stoker.errors import PackError
+from stoker.format import NO_LABEL
+from stoker.sources.inputs import Files, Inputs
+
+# The extensions torchvision's ImageFolder accepts, so both list the same files.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
+_UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass
+class Source:
+    """A listed source: parallel sequences of refs (where each input's bytes are: a path for
+    files, see stoker/pack/inputs.py for the others), keys and labels, plus class names."""
+
+    kind: str
+    root: Path
+    refs: list[Any]
+    keys: list[str]
+    labels: np.ndarray
+    classes: list[str] | None
+    spans: np.ndarray | None = None  # videos: (start, end) seconds per path, NaN where not given
+    inputs: Inputs = field(default_factory=Files)
+    identity: Any = None  # what the plan's digest holds for the source, when not its refs (a Dataset)
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
+def parse_labels(raw: list[str], where: Callable[[int], str]) -> tuple[np.ndarray, list[str] | None]:
+    """All empty: no labels. All integers: kept. Otherwise class names, indexed in sorted order.
+    ``where(i)`` names label i's place, for error messages only (not built for every label)."""
+    empty = [label == "" for label in raw]
+    if all(empty):
+        return np.full(len(raw), NO_LABEL, dtype=np.int64), None
+    if any(empty):
+        raise PackError(f"{where(empty.index(True))}: no label while others have one; label every sample or none")
+    numeric = [re.fullmatch(r"-?\d+", label) is not None for label in raw]
+    if all(numeric):
+        return np.array([int(label) for label in raw], dtype=np.int64), None
+    if any(numeric):
+        raise PackError(f"{where(numeric.index(not numeric[0]))}: labels mix integers and class names; use one kind")
+    classes = sorted(set(raw))
+    index = {name: i for i, name in enumerate(classes)}
+    return np.array([index[label] for label in raw], dtype=np.int64), classes
+
+
+def make_keys(relative_paths: list[str]) -> list[str]:
+    """WebDataset keys from relative paths: extension dropped, no dots in the last part, unique.
+
+    WebDataset splits ``<key>.<field>`` at the first dot of the last path component, and tar
+    readers extract names as paths, so keys never hold ``..``, a leading ``/`` or control characters.
+    """
+    keys, seen = [], set()
+    for rel in relative_paths:
+        parts = [p for p in Path(rel).with_suffix("").as_posix().split("/") if p not in ("", ".")]
+        parts = ["_" if p == ".." else p for p in parts] or ["_"]
+        parts[-1] = parts[-1].replace(".", "_")
+        key = _UNSAFE_KEY_CHARS.sub("_", "/".join(parts)).encode("utf-8", "replace").decode("utf-8")
+        unique, n = key, 1
+        while unique in seen:
+            n += 1
+            unique = f"{key}_{n}"
+        seen.add(unique)
+        keys.append(unique)
+    return keys
