@@ -79,16 +79,22 @@ class Augment:
         self.seed, self._calls = seed, 0
         self._pool: ThreadPoolExecutor | None = None
 
-    def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], out: torch.Tensor | None = None, *,
+                 step: int | None = None) -> torch.Tensor:
         """The augmented batch. ``images``: uint8 or float (in [0, 1]) batch, clips, or a list of
         (C, H, W) / (H, W, C) images of any sizes (then a crop or resize op sets one output size).
 
         ``out``: a tensor to write the result into (of the output's shape, dtype and device),
         typically the previous call's result once the training step is done with it. On the CPU
         a fresh 154 MB output (256 x 3 x 224 x 224 float32) is mapped in page by page, which cost
-        here about as much as augmenting into it (see BENCHMARKS.md)."""
-        rng = np.random.default_rng(None if self.seed is None else [self.seed, self._calls])
-        self._calls += 1
+        here about as much as augmenting into it (see BENCHMARKS.md).
+
+        ``step``: which draw of the seeded parameter stream this batch gets (default: the next,
+        counting calls). A caller that numbers its batches (stoker.Loader: epoch, batch, rank)
+        passes that number, so the parameters of a batch never depend on the calls before it."""
+        if step is None:
+            step, self._calls = self._calls, self._calls + 1
+        rng = np.random.default_rng(None if self.seed is None else [self.seed, step])
         chw, clips, frames = self._images(images)
         sizes = (np.array([i.shape[-2] for i in chw[::frames]]), np.array([i.shape[-1] for i in chw[::frames]]))
         maps, out_sizes = self._maps(rng, sizes)
