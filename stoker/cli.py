@@ -1,4 +1,4 @@
-"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, stage, bench."""
+"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, stage, bench, env."""
 
 from __future__ import annotations
 
@@ -162,8 +162,27 @@ def _bench_loader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(args: argparse.Namespace) -> int:
+    from stoker.env import report
+
+    print(report())
+    return 0
+
+
+class _PrintEnv(argparse.Action):
+    """``stoker --version``: what ``stoker env`` prints, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_) -> None:
+        _env(argparse.Namespace())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack and read image data sets fast.")
+    parser.add_argument("--version", action=_PrintEnv, help="stoker's version and its optional fast paths (as stoker env)")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
@@ -238,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="trust files already in DST whose size matches")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_stage)
+
+    p = commands.add_parser("env", help="stoker's version and which optional fast paths work here, with their versions")
+    p.set_defaults(run=_env)
 
     bench = commands.add_parser("bench", help="benchmarks to run on your machine").add_subparsers(
         required=True, metavar="BENCHMARK")

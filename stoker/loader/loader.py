@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.data.dataset import ShardDataset
 from stoker.data.order import quasi_random_order, rank_share
 from stoker.data.readahead import Lookahead
+from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, SampleTransform
 from stoker.loader.crops import CropSpec
 
@@ -121,6 +122,8 @@ class Loader:
             self.device = _gpu_for_decoding(self._maker_type, transform, processes, self.device)
         elif decode != "cpu":
             raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
+        else:
+            warn_fallback_once()  # JPEGs decoded whole: the region-decode extension is missing here
         self.rank, self.world_size = _distributed(rank, world_size)
         self.processes = processes
         self.mp_context = mp_context
