@@ -270,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON",
                    help="also measure a peer (ffcv, dali, webdataset, streaming, litdata, spdl) with the Python "
                         "of an environment where it is installed; repeatable")
-    p.add_argument("--only", default="", help="comma-separated readers to run: stoker, stoker160, limit, "
+    p.add_argument("--only", default="", help="comma-separated readers to run: stoker, stoker160, stoker-noext, limit, "
                    "loose0..N, shards1..N and peer names (default: all)")
     p.add_argument("--repeat", type=int, default=3, help="runs per reader; medians are reported (default 3)")
     p.add_argument("--batch", type=int, default=256)
