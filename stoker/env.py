@@ -82,7 +82,7 @@ def fallback_notes() -> list[str]:
     if error is None:
         return []
     return [f"JPEGs are decoded whole by simplejpeg instead of only each crop's region (measured on the sample "
-            f"photos: ~14% fewer img/s): {error}. Fix: {FIX}"]
+            f"photos: ~13% fewer img/s): {error}. Fix: {FIX}"]
 
 
 _warned = False
