@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
+from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, SampleTransform
 from stoker.loader.crops import CropSpec
 from stoker.state import Position, StateError
@@ -120,6 +121,8 @@ class Loader:
             self.device = _gpu_for_decoding(self._maker_type, transform, processes, self.device)
         elif decode != "cpu":
             raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
+        else:
+            warn_fallback_once()  # JPEGs decoded whole: the region-decode extension is missing here
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.processes = processes
         self.mp_context = mp_context
