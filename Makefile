@@ -37,6 +37,7 @@ $(BUILD_VENV)/.installed:
 wheel: $(BUILD_VENV)/.installed
 	@test -f "$(JPEG_LICENSE)" || { echo "make wheel: no licence file of libjpeg-turbo found; say where: JPEG_LICENSE=.../LICENSE.md"; exit 1; }
 	rm -rf build/wheel dist/stoker-*
+	mkdir -p dist
 	$(BUILD_VENV)/bin/python -m build --no-isolation --outdir build/wheel .
 	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" auditwheel repair --wheel-dir build/wheel/repaired build/wheel/*.whl
 	$(BUILD_VENV)/bin/python -m wheel unpack --dest build/wheel/unpacked build/wheel/repaired/*.whl
