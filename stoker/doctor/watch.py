@@ -154,10 +154,15 @@ class Watched(Generic[T]):
                   f"({s.wait_s * ms:.1f} ms/step of {(s.wait_s + s.step_s) * ms:.1f}), {s.batches_per_s:.1f} batches/s, "
                   f"{s.stalls} stall{'' if s.stalls == 1 else 's'} > {self._stall * 1e3:g} ms "
                   f"(max {s.max_wait_s * 1e3:.0f} ms at step {first + int(self._wait[:n].argmax())})"
-                  + (f"; {note()}" if (note := getattr(self.loader, "watch_note", None)) else ""))
+                  + (f"; {text}" if (text := self._note()) else ""))
         self._done = _plus(self._done, s)
         self._write()
         self._first, self._n, self._written = first + n, 0, 0
+
+    def _note(self) -> str:
+        """The wrapped loader's own line (echoes, skipped samples), if it has one."""
+        note = getattr(self.loader, "watch_note", None)
+        return note() if note is not None else ""
 
     def _write(self) -> None:
         """Append the window's rows not yet in the timeline file, and flush them."""

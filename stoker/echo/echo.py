@@ -89,8 +89,9 @@ class Echo:
     def watch_note(self) -> str:
         """One line for :func:`stoker.watch`'s log."""
         s = self.stats()
+        inner = getattr(self.loader, "watch_note", None)
         return (f"echo: {100 * s.echoed_fraction:.0f}% of batches echoed, factor {s.effective_factor:.2f}, "
-                f"~{s.time_saved_s:.1f} s of waiting saved")
+                f"~{s.time_saved_s:.1f} s of waiting saved" + (f"; {text}" if inner and (text := inner()) else ""))
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to the wrapped loader (stoker.Loader, or a DataLoader's sampler) when it has one."""

@@ -31,12 +31,16 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
 from stoker.env import warn_fallback_once
-from stoker.loader.batches import Batch, BatchMaker, SampleTransform
+from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform
 from stoker.loader.crops import CropSpec
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset
+
+
+# What the batch-making generators yield: the batch's number, (images, labels), damaged samples skipped.
+_Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
 
 
 class Loader:
@@ -71,6 +75,12 @@ class Loader:
     see :func:`stoker.augment.default_device`) decodes each batch with nvJPEG and crops it there
     (stoker/loader/gpu_decode.py; needs CUDA and the ``gpu`` extra). Images nvJPEG cannot take
     are decoded on the CPU, with a warning.
+
+    ``on_error`` (default: the data set's, as ShardDataset has it): ``raise`` stops at a damaged
+    sample with a CorruptDataError naming shard and key; ``skip`` puts the next readable sample in
+    its place (same crop), counts it in ``skipped`` and in :func:`stoker.watch`'s lines. JPEGs the
+    fast decoders refuse are decoded by Pillow, so the Loader and ShardDataset agree on which
+    images are good. Storage that fails (RemoteError) always raises.
     """
 
     def __init__(
@@ -93,6 +103,7 @@ class Loader:
         processes: int = 0,
         mp_context: str | None = None,
         decode: Literal["cpu", "gpu"] = "cpu",
+        on_error: OnError | None = None,
     ) -> None:
         if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
             raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
@@ -101,6 +112,11 @@ class Loader:
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
         if layout not in ("NCHW", "NHWC", None):
             raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
+        on_error = on_error or getattr(dataset, "on_error", "raise")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if on_error == "skip" and decode == "gpu":
+            raise ValueError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
         self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -127,6 +143,8 @@ class Loader:
         self.processes = processes
         self.mp_context = mp_context
         self.transform = transform
+        self.on_error = on_error
+        self.skipped = 0  # damaged samples skipped so far, in all passes
         self._bounds = dataset.shards.block_bounds()
         self.window = dataset.shards.open_blocks(window)
         self.epoch = 0
@@ -173,7 +191,8 @@ class Loader:
         make = self._in_processes if self.processes > 0 else self._in_threads
         batches = make(maker, plan, hints, ahead)
         try:
-            for batch, (images, labels) in batches:
+            for batch, (images, labels), skipped in batches:
+                self.skipped += skipped
                 self._position = min((batch + 1) * self.batch_size, len(plan.share))
                 yield self._deliver(images, labels)
             self.epoch, self._position = self.epoch + 1, 0
@@ -182,8 +201,12 @@ class Loader:
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
 
+    def watch_note(self) -> str:
+        """For :func:`stoker.watch`'s lines: the damaged samples skipped, when there were any."""
+        return f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped" if self.skipped else ""
+
     def _batch_maker(self) -> BatchMaker:
-        args = (self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size)
+        args = (self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size, self.on_error)
         if self.decode == "gpu":
             from stoker.loader.gpu_decode import GpuBatchMaker
 
@@ -191,7 +214,7 @@ class Loader:
         return self._maker_type(*args)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                    ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+                    ahead: Lookahead) -> Generator[_Made, None, None]:
         """Batches made by a pool of threads, ``prefetch`` batches queued ahead of the consumer."""
         batches = iter(range(plan.start // self.batch_size, len(self)))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
@@ -208,7 +231,7 @@ class Loader:
                     pending.append(self._submit(maker, pool, hints, plan, next_batch, ahead))
                 for future in futures:
                     future.result()
-                yield batch.number, maker.finish(batch)
+                yield batch.number, maker.finish(batch), int(batch.replaced.sum())
         finally:
             for _, futures in pending:
                 for future in futures:
@@ -216,7 +239,7 @@ class Loader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                      ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+                      ahead: Lookahead) -> Generator[_Made, None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
         numbers = range(plan.start // self.batch_size, len(self))
         queued = self.prefetch * self.processes
@@ -224,9 +247,9 @@ class Loader:
         workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
                              multiprocessing_context=self.mp_context)
-        for batch, made in zip(numbers, workers):
+        for batch, (made, skipped) in zip(numbers, workers):
             hints.submit(ahead.advance, (batch + queued) * self.batch_size - plan.start)
-            yield batch, made
+            yield batch, made, skipped
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
@@ -273,7 +296,7 @@ class _EpochBatches(Dataset):
     def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int) -> None:
         self.maker, self.epoch, self.share, self.batch_size = maker, epoch, share, batch_size
 
-    def __getitem__(self, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, number: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
         return self.maker.make(self.epoch, number, indices)
 
