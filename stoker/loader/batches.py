@@ -7,8 +7,6 @@ comes out the same whether 1 thread, 8 threads or a worker process makes it.
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +16,7 @@ import torch
 
 from stoker.data.dataset import ShardDataset
 from stoker.errors import CorruptDataError, TransformError
-from stoker.loader.buffers import thread_buffer
+from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 
@@ -28,18 +26,6 @@ _READ_BUFFER_BYTES = 16 << 20
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 OnError = Literal["raise", "skip"]
 log = logging.getLogger("stoker.loader")
-
-
-def _unshared_pixels(shape: tuple[int, ...]) -> torch.Tensor:
-    """A uint8 tensor in an anonymous memory map of its own, unmapped when the tensor is freed.
-    glibc serves allocations under its dynamic mmap threshold (up to 32 MB) from a heap it rarely
-    gives back: measured here, batches of 256 at 160 px (19.7 MB each) took the Loader's peak PSS
-    from 293 to ~480 MB that way. The pages are mapped in at once (MAP_POPULATE): faulting them
-    in one by one while decoding into them cost ~150 us per 230 KB frame here (decoding into
-    a batch of 16 clips of 320x240: 439 us per frame; populated: 314; reused memory: 283)."""
-    nbytes = math.prod(shape)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return torch.frombuffer(mmap.mmap(-1, max(1, nbytes), flags=flags), dtype=torch.uint8, count=nbytes).view(shape)
 
 
 @dataclass
@@ -76,11 +62,16 @@ class BatchMaker:
     world_size: int
     on_error: OnError = "raise"
 
-    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
-        """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
-        ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
+    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
+              pixels: torch.Tensor | None = None) -> Batch:
+        """Start batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops; its
+        pixels go into ``pixels`` (a reused buffer of the batch's shape), else fresh memory:
+        shared memory with ``shared``, for a worker process to hand over without a copy."""
         shape = (len(indices), *self.sample_shape())
-        images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else _unshared_pixels(shape)
+        if pixels is not None and tuple(pixels.shape) == shape:
+            images = pixels
+        else:
+            images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else mapped_pixels(shape)
         labels = torch.empty(len(indices), dtype=torch.int64)
         draws = self.draws(epoch, number, len(indices))
         transformed = [None] * len(indices) if self.transform is not None else None

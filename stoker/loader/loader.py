@@ -32,6 +32,7 @@ from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank
 from stoker.data.readahead import Lookahead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform
+from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.state import Position, StateError
 
@@ -145,6 +146,7 @@ class Loader:
         self.transform = transform
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
+        self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
         self._bounds = dataset.shards.block_bounds()
         self.window = dataset.shards.open_blocks(window)
         self.epoch = 0
@@ -215,20 +217,26 @@ class Loader:
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
                     ahead: Lookahead) -> Generator[_Made, None, None]:
-        """Batches made by a pool of threads, ``prefetch`` batches queued ahead of the consumer."""
-        batches = iter(range(plan.start // self.batch_size, len(self)))
+        """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
+        ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
+        free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
+        numbers = range(plan.start // self.batch_size, len(self))
+        upcoming = 0  # position in numbers of the next batch to queue
+        if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
+            self._ring = BatchRing((self.batch_size, *maker.sample_shape()), self.prefetch + 1)
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         pending: deque[tuple[Batch, list[Future]]] = deque()
         try:
-            for batch in batches:
-                pending.append(self._submit(maker, pool, hints, plan, batch, ahead))
-                if len(pending) >= self.prefetch:
-                    break
-            while pending:
+            while True:
+                while upcoming < len(numbers) and len(pending) < self.prefetch:
+                    pixels = self._ring.take() if self._ring is not None else None
+                    if pixels is None and pending:
+                        break
+                    pending.append(self._submit(maker, pool, hints, plan, numbers[upcoming], ahead, pixels))
+                    upcoming += 1
+                if not pending:
+                    return
                 batch, futures = pending.popleft()
-                next_batch = next(batches, None)
-                if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(maker, pool, hints, plan, next_batch, ahead))
                 for future in futures:
                     future.result()
                 yield batch.number, maker.finish(batch), int(batch.replaced.sum())
@@ -269,11 +277,11 @@ class Loader:
                         samples_done)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
-                ahead: Lookahead) -> tuple[Batch, list[Future]]:
-        """Allocate batch ``number`` and queue its samples on the pool, split across the threads."""
+                ahead: Lookahead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
+        """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
         hints.submit(ahead.advance, number * self.batch_size - plan.start)
         indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
-        batch = maker.start(plan.epoch, number, indices)
+        batch = maker.start(plan.epoch, number, indices, pixels=pixels)
         # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
         # cache all threads decode what has been read while the rest is read; the batch is the same.
         ordered = ahead.arrival_order(batch.indices)
