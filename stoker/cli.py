@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from stoker import ranges
 from stoker.errors import StokerError
-from stoker.format import DEFAULT_SHARD_BYTES, REJECTED_NAME, read_manifest
+from stoker.format import DEFAULT_SHARD_BYTES, MANIFEST_NAME, REJECTED_NAME, read_manifest
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -104,8 +104,8 @@ def _pack(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.dst)
-    if args.json:
-        print(manifest.to_json(), end="")
+    if args.json:  # the file as it is (checked above): keys this stoker does not know included
+        print((Path(args.dst) / MANIFEST_NAME).read_text(encoding="utf-8"), end="")
         return 0
     total = sum(s.bytes for s in manifest.shards)
     classes = manifest.classes or []
@@ -121,6 +121,10 @@ def _info(args: argparse.Namespace) -> int:
     print(f"classes      {len(classes)}{names}")
     print(f"source       {manifest.source.get('kind')} {manifest.source.get('path')}")
     print(f"options      {json.dumps(manifest.source.get('options', {}))}")
+    if skipped := manifest.source.get("skipped_extensions"):
+        from stoker.sources.listing import counted_extensions
+
+        print(f"not packed   {counted_extensions(skipped)} (other extensions)")
     print(f"made by      stoker {manifest.created_by.get('stoker_version')} at {manifest.created_by.get('created')}")
     return 0
 
@@ -130,7 +134,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     from stoker.format.verify import verify_dataset
 
-    manifest = read_manifest(args.dst)
+    manifest = read_manifest(args.dst, check=False)  # an edited manifest is one of the problems verify reports
     with tqdm(total=len(manifest.shards), unit="shard", desc="verify", disable=args.quiet) as bar:
         problems = verify_dataset(args.dst, on_shard=lambda _: bar.update())
     for problem in problems:

@@ -77,6 +77,8 @@ def test_files_left_out_by_extension_are_counted_in_the_result_the_manifest_and_
     assert manifest["num_samples"] == 4
     assert manifest["source"]["skipped_extensions"] == {"": 1, ".gif": 2, ".txt": 1}
     assert manifest["source"]["repeated_folders"] == 0
+    assert main(["info", str(tmp_path / "ds")]) == 0
+    assert "not packed   2 .gif, 1 .txt, 1 without extension (other extensions)" in capsys.readouterr().out
     again = stoker.pack(src, tmp_path / "ds", progress=False)  # finished earlier: the counts come from the manifest
     assert again.skipped_extensions == {"": 1, ".gif": 2, ".txt": 1}
 

@@ -59,9 +59,9 @@ def verify_shard(root: Path, entry: ShardEntry) -> list[Problem]:
         index.check()
     except StokerError as e:
         return [Problem(str(idx_path), None, str(e))]
-    if len(index) != entry.count or index.shard_bytes != entry.bytes:
-        return [Problem(str(idx_path), None, f"index describes {len(index)} samples in {index.shard_bytes} bytes, "
-                        f"manifest says {entry.count} in {entry.bytes}")]
+    if len(index) != entry.count or index.shard_bytes != entry.bytes:  # the manifest is wrong if the index is intact
+        return [Problem(manifest if index_matches else str(idx_path), None, f"{entry.index} describes {len(index)} "
+                        f"samples in {index.shard_bytes} bytes, manifest says {entry.count} in {entry.bytes}")]
     size = tar_path.stat().st_size
     shard_matches = size == entry.bytes and file_checksum(tar_path) == entry.checksum
     if shard_matches and index_matches:
