@@ -25,6 +25,7 @@ from stoker.doctor.standard import StandardTransform
 from stoker.doctor.storage_probe import StorageReport, probe_storage
 from stoker.doctor.target import Target, open_target
 from stoker.doctor.verdict import Figures, diagnose
+from stoker.env import fallback_notes
 from stoker.errors import StokerError
 from stoker.ranges import DOCTOR_BATCH, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
 
@@ -76,6 +77,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     probe_batch = int(max(1, min(batch_size, _MAX_PROBE_BATCH, per_core * budget["loaders"] / len(rows) / 8)))
     loaders, notes = probe_loaders(target.subset(good), transform, probe_batch, rows, size, budget["loaders"],
                                    decode_mode)
+    notes += fallback_notes()
     steps.update()
     steps.close()
     if probe_batch != batch_size:
