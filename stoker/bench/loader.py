@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.bench.measure import CommandFailed, busy_cores, measure
+from stoker.ranges import BENCH_BATCH, BENCH_COUNT, BENCH_REPEAT
 from stoker.storage import evict
 
 READERS = Path(__file__).parent / "readers"
@@ -200,6 +201,8 @@ def prepare_data(data: Path, count: int, images: Path | None = None, progress: b
 def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, peers: dict[str, str] | None = None,
                  only: str = "", repeat: int = 3, batch: int = 256, cold: bool = False, force: bool = False) -> str:
     """The whole ``stoker bench loader`` run: check the machine is idle, prepare, measure, report."""
+    for option, value in ((BENCH_COUNT, count), (BENCH_REPEAT, repeat), (BENCH_BATCH, batch)):
+        option.check(value)
     refuse_if_busy(force)
     photos, shards = prepare_data(data, count, images)
     cores = os.cpu_count() or 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import CorruptDataError
+from stoker.errors import CorruptDataError, FormatError
 from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
 from stoker.storage import willneed
 from stoker.storage.cache import ShardCache
@@ -310,7 +310,12 @@ def _open_index(root: Path, entry: ShardEntry, verify: bool) -> ShardIndex:
     index_path = root / entry.index
     # Checked before it is parsed, and read with read(), not through the mapping: the pages
     # stay in the shared page cache instead of counting in every worker's resident memory.
-    if verify and file_checksum(index_path) != entry.index_checksum:
+    try:
+        matches = not verify or file_checksum(index_path) == entry.index_checksum
+    except OSError as e:
+        raise FormatError(f"{index_path}: cannot read the index of {entry.name} that the manifest lists "
+                          f"({e.strerror or e})") from None
+    if not matches:
         raise CorruptDataError(str(index_path), None, "index checksum does not match the manifest")
     index = ShardIndex.open(index_path)
     if len(index) != entry.count or index.shard_bytes != entry.bytes:

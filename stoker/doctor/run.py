@@ -27,6 +27,7 @@ from stoker.doctor.target import Target, open_target
 from stoker.doctor.verdict import Figures, diagnose
 from stoker.env import fallback_notes
 from stoker.errors import StokerError
+from stoker.ranges import DOCTOR_BATCH, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
 
 # Sample sizes and seconds per probe: the whole run stays under ~60 s by default and ~15 s with
 # quick on any data set (listing, storage, decode and transform, and all loader rows together).
@@ -92,14 +93,11 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
 
 def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None) -> None:
     """Refuse settings that cannot be measured, before any probe runs."""
-    if batch_size < 1:
-        raise StokerError(f"batch size must be at least 1, got {batch_size}")
-    if workers is not None and workers < 0:
-        raise StokerError(f"workers must be 0 or more, got {workers}")
-    if size < 1:
-        raise StokerError(f"size must be at least 1 pixel, got {size}")
-    if step_time is not None and step_time <= 0:
-        raise StokerError(f"step time must be positive seconds, got {step_time}")
+    DOCTOR_BATCH.check(batch_size)
+    DOCTOR_SIZE.check(size)
+    for option, value in ((DOCTOR_WORKERS, workers), (STEP_TIME, step_time)):
+        if value is not None:
+            option.check(value)
 
 
 def _compute(target: Target, transform: Callable | None, size: int, decode_mode: str, count: int,

@@ -10,6 +10,7 @@ from pathlib import Path
 from stoker.errors import FormatError
 
 FORMAT_VERSION = 1
+FORMAT_MINOR = 1  # 1.1: the manifest's own checksum, what a folder source left out; 1.0 readers ignore both
 MANIFEST_NAME = "stoker.json"
 REJECTED_NAME = "rejected.tsv"
 WORK_DIR_NAME = ".stoker-pack"
