@@ -9,12 +9,14 @@ from stoker.pack.images import DEFAULT_MAX_PIXELS
 
 @dataclass(frozen=True)
 class ImageOptions:
-    """How each image is checked and whether it is re-encoded."""
+    """How each image is checked and whether it is re-encoded; ``restart_rows``: sequential JPEGs
+    transcoded losslessly with restart markers (see stoker/pack/restarts.py)."""
 
     max_side: int | None = None
     quality: int = 90
     verify_decode: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    restart_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +44,7 @@ from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.local_engine import run_local
 from stoker.pack.options import ImageOptions, VideoOptions
+from stoker.pack.restarts import check_available, summarize
 from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
 from stoker.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadInput, Source, open_source
 from stoker.storage.publish import Upload, publish
@@ -66,6 +68,7 @@ class PackResult:
     reused_shards: int
     seconds: float
     notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
+    restarts: dict[str, object] | None = None  # restart_rows: images transcoded, kept, and why (see restarts.summarize)
 
 
 def pack(
@@ -78,6 +81,7 @@ def pack(
     max_side: int | None = None,
     quality: int = 90,
     verify_decode: bool = False,
+    restart_rows: bool = False,
     strict: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
@@ -103,6 +107,11 @@ def pack(
     decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
     ``PackResult.notes``.
 
+    ``restart_rows`` transcodes each baseline JPEG losslessly (the same DCT coefficients, checked)
+    with restart markers at every MCU row and a table of where they are, so that stoker.Loader
+    decodes only the rows its crop needs (see stoker/pack/restarts.py); other images are stored
+    as they are, and ``PackResult.restarts`` counts both. Otherwise images keep their bytes.
+
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
 
@@ -126,7 +135,9 @@ def pack(
     source = open_source(src, videos=video_mode is not None)
     dst = Path(dst)
     check_destination(source, dst)
-    image_options = ImageOptions(max_side, quality, verify_decode)
+    image_options = ImageOptions(max_side, quality, verify_decode, restart_rows=restart_rows)
+    if restart_rows:
+        check_available()
     if gop is not None and (video_mode != "video" or gop < 1):
         raise PackError(f"gop={gop}: a keyframe interval of 1 or more, with video_mode='video'")
     if not 0 <= crf <= 51:
@@ -181,7 +192,7 @@ def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, 
     source_bytes = sum(record.source_bytes for record in records)
     notes = [n for record in records for n in record.notes]
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      source_bytes, rejected, reused, time.perf_counter() - started, notes)
+                      source_bytes, rejected, reused, time.perf_counter() - started, notes, manifest.source.get("restart_rows"))
 
 
 def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
@@ -212,7 +223,8 @@ def _existing_result(manifest: Manifest, dst: Path, plan_digest: str, started: f
         raise PackError(f"{dst}: already holds a stoker data set made from other input or options; "
                         "pack into a new folder or delete it first")
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      0, [], len(manifest.shards), time.perf_counter() - started)
+                      0, [], len(manifest.shards), time.perf_counter() - started,
+                      restarts=manifest.source.get("restart_rows"))
 
 
 def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions,
@@ -237,7 +249,7 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
         reads = source.inputs.read(refs) if video is None else repeat(None)
         for ref, read in zip(refs, reads):
             try:
-                members, original_size, _, _ = load_members(ref, probe, read)
+                members, original_size, _, _, _ = load_members(ref, probe, read)
                 stored_sizes.append(sum(len(data) for _, data in members))
                 original_sizes.append(original_size)
             except (BadInput, OSError):
@@ -339,13 +351,16 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
         start += record.entry.count
         fields.update(dict.fromkeys(record.fields))
     schema = {f: _field_kind(f) for f in fields}
+    restarts = {}
+    if options.get("restart_rows"):
+        restarts = {"restart_rows": summarize(sum((Counter(record.restarts) for record in records), Counter()))}
     return Manifest(
         num_samples=start,
         shards=shards,
         schema=schema,
         classes=source.classes,
         source={"kind": source.kind, "path": str(source.root), "listed": len(source), "options": options,
-                "plan": plan_digest},
+                "plan": plan_digest, **restarts},
         created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     )
 
