@@ -10,6 +10,9 @@ from pathlib import Path
 from stoker.errors import FormatError
 
 FORMAT_VERSION = 1
+# Additions within a format version that older readers of that version read correctly, ignoring
+# them (docs/format.md, "Versioning"). 1: JPEG members may carry a restart table (--restart-rows).
+FORMAT_REVISION = 1
 MANIFEST_NAME = "stoker.json"
 REJECTED_NAME = "rejected.tsv"
 WORK_DIR_NAME = ".stoker-pack"

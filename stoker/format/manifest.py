@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import FormatError
-from stoker.format.layout import FORMAT_VERSION, MANIFEST_NAME, atomic_write, check_name, index_name
+from stoker.format.layout import FORMAT_REVISION, FORMAT_VERSION, MANIFEST_NAME, atomic_write, check_name, index_name
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Manifest:
     source: dict[str, Any] = field(default_factory=dict)
     created_by: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    format_revision: int = FORMAT_REVISION  # absent (0) in manifests of older stokers; any is read
 
     def shard_starts(self) -> np.ndarray:
         """``starts[i]`` is the first global sample of shard i; the last entry is ``num_samples``."""
@@ -78,6 +79,7 @@ class Manifest:
                 source=data.get("source", {}),
                 created_by=data.get("created_by", {}),
                 format_version=version,
+                format_revision=int(data.get("format_revision", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise FormatError(f"{source}: malformed manifest: {e!r}") from e
