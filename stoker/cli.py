@@ -181,7 +181,8 @@ def _bench_loader(args: argparse.Namespace) -> int:
 
     peers = dict(peer.split("=", 1) for peer in args.peer)
     print(bench_loader(args.data, count=args.count, images=args.images, peers=peers, only=args.only,
-                       repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force))
+                       repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force,
+                       restart_rows=args.restart_rows))
     return 0
 
 
@@ -281,6 +282,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run, "
                    "and add a disk row: the shards read sequentially")
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
+    p.add_argument("--restart-rows", action="store_true", help="also stoker.Loader on the photos packed with "
+                   "--restart-rows (224 and 160 px), and the pack's rate and size with and without it")
     p.set_defaults(run=_bench_loader)
     return parser
 
