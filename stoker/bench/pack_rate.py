@@ -3,7 +3,9 @@
 Each pack runs in a fresh process (as a user's ``stoker pack`` would), into a new folder, with the
 photos evicted from the page cache first when the benchmark is cold; the modes alternate (A, B, A,
 B, ...) so that drift hits both alike. The process times ``pack()`` itself: Python's start-up is
-not counted, the worker pool's is.
+not counted, the worker pool's is. Shards are 32 MiB here: a pack runs one worker process per shard,
+so with the default 256 MiB a few thousand photos would keep one worker busy and the other idle,
+unlike any data set of more than a few shards.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _PACK = """
 import json, sys, time
 from stoker.pack import pack
 start = time.perf_counter()
-result = pack(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), restart_rows=sys.argv[4] == "1", progress=False)
+result = pack(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), restart_rows=sys.argv[4] == "1",
+              shard_bytes=32 << 20, progress=False)
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "images": result.num_samples, "bytes": result.total_bytes}))
 """

@@ -8,6 +8,8 @@ stored as they are, and the reason is counted.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections import Counter
 
 from stoker.errors import PackError
@@ -29,6 +31,26 @@ def check_available() -> None:
         raise PackError("--restart-rows needs stoker's libjpeg extension (stoker.pack._jpeg_restart), which was not "
                         "built: install libjpeg-turbo's headers (libjpeg-turbo8-dev, libjpeg62-turbo-dev or "
                         "libjpeg-turbo-devel) and reinstall stoker")
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_tuned = False
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep freed memory for reuse in this (pack worker) process. libjpeg allocates each
+    image's coefficient arrays anew (~0.6 MB per 500x375 photo, twice: the source and the read-back
+    check) and frees them; by default glibc maps such blocks fresh and unmaps them, so every
+    transcode page-faulted them in again: measured here 3.3-3.6 ms per photo, 2.4-2.5 ms with
+    this (a busy machine; rough). Costs at most 64 MiB of freed memory kept by the process."""
+    global _tuned
+    if _tuned or not sys.platform.startswith("linux"):
+        return
+    _tuned = True
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc; musl has none
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, 16 << 20)
+        mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
 def with_restart_markers(data: bytes, image_format: str) -> tuple[bytes, str]:

@@ -20,7 +20,7 @@ from stoker.format import NO_LABEL, ShardEntry, atomic_write
 from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack.images import inspect_image, shrink_image
 from stoker.pack.options import ImageOptions, VideoOptions
-from stoker.pack.restarts import with_restart_markers
+from stoker.pack.restarts import keep_freed_memory, with_restart_markers
 from stoker.pack.writer import ShardWriter
 from stoker.sources.inputs import BadInput, Files, Inputs, Read
 from stoker.storage.publish import Upload
@@ -125,6 +125,8 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     """
     if job.upload is not None:
         job = replace(job, dst=str(job.upload.scratch), work_dir=str(job.upload.scratch / WORK_DIR_NAME))
+    if job.image.restart_rows:
+        keep_freed_memory()
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     rejected: list[tuple[str, str]] = []
