@@ -1,8 +1,9 @@
 """Build the optional C extension; project metadata lives in pyproject.toml.
 
-stoker.loader._jpeg_region (region-of-interest JPEG decode) links libjpeg(-turbo). Where its headers
-are missing (no libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns
-and stoker installs without it; the loader then decodes whole images with simplejpeg.
+stoker.loader._jpeg_region (region-of-interest JPEG decode) and stoker.pack._jpeg_restart (lossless
+transcode for `stoker pack --restart-rows`) link libjpeg(-turbo). Where its headers are missing (no
+libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns and stoker
+installs without them; the loader then decodes whole images with simplejpeg, and --restart-rows is refused.
 """
 
 from setuptools import Extension, setup

@@ -8,6 +8,7 @@ and every DCT scale. Damage to the restart data is an error naming the sample, n
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
 import shutil
@@ -20,7 +21,7 @@ from PIL import Image
 
 import stoker
 from stoker.cli import main
-from stoker.errors import CorruptDataError
+from stoker.errors import CorruptDataError, PackError
 from stoker.format import read_manifest
 from tests.conftest import encode, source_files
 from tests.test_jpeg_region import SCALES, _encode, _reference
@@ -266,6 +267,13 @@ def test_stoker_info_says_how_images_are_stored(packs, capsys):
     assert f"restart rows: {packs['photos-restart'].restarts['transcoded']} JPEGs transcoded" in capsys.readouterr().out
     assert main(["info", str(packs["photos-exact"].dst)]) == 0
     assert "the source files' bytes (byte-exact)" in capsys.readouterr().out
+
+
+def test_without_the_extension_restart_rows_is_refused(photos, tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("stoker.pack.restarts"), "transcode", None)  # no libjpeg headers
+    with pytest.raises(PackError, match="--restart-rows needs stoker's libjpeg extension"):
+        stoker.pack(photos, tmp_path / "ds", restart_rows=True, progress=False)
+    assert not (tmp_path / "ds").exists()
 
 
 def _damage_in_pack(packs, tmp_path, what: str) -> tuple[stoker.ShardDataset, int]:
