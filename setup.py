@@ -10,7 +10,9 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"], optional=True),
-        Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"], optional=True),
+        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"],
+                  depends=["stoker/_jpeg_strict.h"], optional=True),
+        Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
+                  depends=["stoker/_jpeg_strict.h"], optional=True),
     ],
 )

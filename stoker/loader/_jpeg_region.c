@@ -5,10 +5,12 @@
  *   - scale_num/scale_denom: IDCT straight to 1/2, 1/4 or 1/8 size;
  *   - jpeg_skip_scanlines(): rows above the region are entropy-decoded only (no IDCT, no colour);
  *   - jpeg_crop_scanline(): only the iMCU columns covering the region go through IDCT/colour;
- *   - stopping after the region's last row: the rest of the file is never read.
+ *   - stopping after the region's last row: the rest of the file is never read;
+ *   - in files from `stoker pack --restart-rows`, restart markers: only the MCU rows and restart
+ *     intervals around the region are entropy-decoded at all (make_strip below).
  * No Python binding of the libjpeg-turbo 2.1 shipped by Debian exposes this, hence this module.
  *
- * decode_region(data, top, left, height, width, scale_denom, out) -> (rows, cols, dy, dx)
+ * decode_region(data, top, left, height, width, scale_denom, out, strip=None) -> (rows, cols, dy, dx)
  * writes an RGB block of rows x cols pixels (stride cols*3) into `out` that covers the region
  * (given in full-resolution pixels) at 1/scale_denom; the region starts at (dy, dx) in the block.
  * Errors, and libjpeg warnings (corrupt or truncated data), raise ValueError.
@@ -17,26 +19,10 @@
  * so no longjmp crosses Py_BEGIN/END_ALLOW_THREADS. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <setjmp.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t */
 #include <jpeglib.h>
 
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-} ErrorManager;
-
-/* libjpeg's default error_exit calls exit(); jump back into decode() instead. The message is
- * formatted in decode() from cinfo->err, which keeps msg_code and msg_parm. */
-static void on_error(j_common_ptr cinfo) {
-    longjmp(((ErrorManager *)cinfo->err)->jump, 1);
-}
-
-/* level -1 is a warning: corrupt data, or premature end of data, which libjpeg would pad with
- * gray. Be strict and treat it as an error; levels >= 0 are trace messages, ignored. */
-static void on_message(j_common_ptr cinfo, int level) {
-    if (level < 0) longjmp(((ErrorManager *)cinfo->err)->jump, 1);
-}
+#include "../_jpeg_strict.h"
 
 typedef struct {
     /* in */
@@ -209,9 +195,7 @@ static int decode(Job *job) {
     size_t stride;
 
     if (job->strip && make_strip(job) != 0) return -1;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
+    cinfo.err = strict_errors(&err);
     if (setjmp(err.jump)) { /* libjpeg failed below: cinfo.err holds the message */
         err.pub.format_message((j_common_ptr)&cinfo, job->message);
         jpeg_destroy_decompress(&cinfo);
@@ -328,14 +312,18 @@ static PyObject *decode_region(PyObject *self, PyObject *args, PyObject *kwargs)
 
 static PyMethodDef methods[] = {
     {"decode_region", (PyCFunction)(void (*)(void))decode_region, METH_VARARGS | METH_KEYWORDS,
-     "decode_region(data, top, left, height, width, scale_denom, out) -> (rows, cols, dy, dx)\n\n"
+     "decode_region(data, top, left, height, width, scale_denom, out, strip=None) -> (rows, cols, dy, dx)\n\n"
      "Decode the region (top, left, height, width), in full-resolution pixels, of the JPEG `data`\n"
      "scaled by 1/scale_denom (1, 2, 4, 8) into `out` as RGB: a block of rows x cols pixels, rows\n"
      "packed (stride cols*3), covering rows floor(top/s)..ceil((top+height)/s) and the iMCU columns\n"
      "around the region's columns; the scaled region's top-left is at (dy, dx) in the block.\n"
      "ceil(H/s)*ceil(W/s)*3 bytes of `out` always suffice. Uses the fast integer IDCT and no fancy\n"
      "upsampling, as simplejpeg's fastdct/fastupsample. Raises ValueError on errors, on corrupt or\n"
-     "truncated data, CMYK/YCCK sources, regions outside the image and too small `out`."},
+     "truncated data, CMYK/YCCK sources, regions outside the image and too small `out`.\n"
+     "With `strip` (a writable buffer of len(data) + 64 bytes), a JPEG with the restart table of\n"
+     "`stoker pack --restart-rows` is decoded from a strip JPEG of the MCU rows and restart\n"
+     "intervals around the region, built there: the same pixels, less entropy decoding. A restart\n"
+     "table that does not match the file raises ValueError."},
     {NULL, NULL, 0, NULL},
 };
 
