@@ -210,6 +210,37 @@ def test_damaged_restart_data_is_an_error(jpegs, what, message):
         decode_region(out, 5 * 16 + 3, 100, 40, 80, 1, bytearray(333 * 517 * 3), bytearray(len(out) + 64))
 
 
+def test_damaged_tables_and_scans_never_crash(jpegs):
+    rng = np.random.default_rng(7)
+    out = jpegs["420_333x517"][1]
+    table = out.index(TABLE_ID)
+    buffer, strip = bytearray(333 * 517 * 3), bytearray(len(out) + 64)
+    for i in range(400):
+        data = bytearray(out)
+        spots = rng.integers(table + 11, table + 300, 3) if i % 2 else rng.integers(2, len(data), 3)
+        for at in spots:
+            data[at] = int(rng.integers(0, 256))
+        top, left = int(rng.integers(0, 300)), int(rng.integers(0, 500))
+        try:
+            decode_region(bytes(data), top, left, 33, 17, int(rng.choice(SCALES)), buffer, strip)
+        except ValueError:
+            pass
+
+
+def test_transcoding_damaged_files_never_crashes(jpegs):
+    rng = np.random.default_rng(8)
+    source = jpegs["422_201x95"][0]
+    for _ in range(150):
+        data = bytearray(source)
+        for at in rng.integers(2, len(data), 3):
+            data[at] = int(rng.integers(0, 256))
+        try:
+            out = transcode(bytes(data), 0.1)
+        except ValueError:  # NotTranscodable is one
+            continue
+        assert np.array_equal(simplejpeg.decode_jpeg(out), simplejpeg.decode_jpeg(bytes(data)))
+
+
 def test_strip_buffer_too_small_is_an_error(jpegs):
     out = jpegs["420_333x517"][1]
     with pytest.raises(ValueError, match="strip buffer has 100 bytes"):

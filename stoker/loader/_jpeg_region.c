@@ -146,6 +146,7 @@ static int make_strip(Job *job) {
     end = interval_start(&t, total);
     if (end + 2 > job->size || d[end] != 0xFF || d[end + 1] != 0xD9)
         STRIP_FAIL("restart table: the scan does not end where it says");
+    if (interval_start(&t, 0) != t.scan) STRIP_FAIL("restart table: the scan does not start where it says");
     if (job->top < 0 || job->left < 0 || job->height <= 0 || job->width <= 0 ||
         job->height > (Py_ssize_t)height - job->top || job->width > (Py_ssize_t)width - job->left)
         return 0; /* decode() reports the region */
@@ -164,11 +165,13 @@ static int make_strip(Job *job) {
     write16(job->strip + sof + 7, g1 == t.groups ? width - g0 * interval * mcu_w : (g1 - g0) * interval * mcu_w);
     for (r = r0; r <= r1; r++) {
         size_t first = (size_t)r * t.groups + g0, last = (size_t)r * t.groups + g1; /* intervals [first, last) */
-        size_t from = interval_start(&t, first), to = last < total ? interval_start(&t, last) - 2 : end;
-        for (i = first; i <= last && i < total; i++) { /* each marker used must be where the table says */
+        size_t from = interval_start(&t, first), to = last < total ? interval_start(&t, last) - 2 : end, previous = 0;
+        for (i = first; i <= last && i < total; i++) { /* each marker used must be where the table says, in order */
             size_t at = interval_start(&t, i);
-            if (at < t.scan || at > end || (i > 0 && (at < t.scan + 2 || d[at - 2] != 0xFF || d[at - 1] != 0xD0 + (i - 1) % 8)))
+            if (at > end || (i > first && at < previous + 2) ||
+                (i > 0 && (at < t.scan + 2 || d[at - 2] != 0xFF || d[at - 1] != 0xD0 + (i - 1) % 8)))
                 STRIP_FAIL("restart table: interval %zu does not start after restart marker %zu", i, (i - 1) % 8);
+            previous = at;
         }
         if (to < from) STRIP_FAIL("restart table: interval %zu ends before it starts", first);
         if (out + (to - from) + 4 > job->strip_size)
