@@ -143,7 +143,9 @@ def pack(
     if not 0 <= crf <= 51:
         raise PackError(f"crf={crf}: x264's quality scale runs from 0 (lossless) to 51")
     video = VideoOptions(video_mode, fps, short_side, quality, gop, crf) if video_mode else None
-    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, asdict(image_options), shard_bytes,
+    # restart_rows only when set: packs of earlier versions resume and are recognized as before
+    digested = {k: v for k, v in asdict(image_options).items() if k != "restart_rows" or v}
+    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, digested, shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
                **({"video": asdict(video)} if video else {})}
