@@ -15,7 +15,7 @@ JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /
 
 .PHONY: demo test lint clean wheel
 
-$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
+$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a CPU build installs quickly here; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0

@@ -73,7 +73,7 @@ def test_an_edited_manifest_is_refused_by_readers_and_named_by_verify(copy, caps
 
 def test_a_manifest_without_its_checksum_is_refused_when_its_version_writes_one(copy):
     edit_manifest(copy, lambda d: None, keep_checksum=False)
-    with pytest.raises(FormatError, match=r"no checksum, though format 1.1 writes one"):
+    with pytest.raises(FormatError, match=r"no checksum, though format 1\.[1-9] writes one"):
         stoker.ShardDataset(copy)
 
 

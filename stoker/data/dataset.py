@@ -84,6 +84,8 @@ class ShardDataset(torch.utils.data.Dataset):
         if not self._image_fields:
             raise StokerError(f"{self.root}: the data set has no image field (schema: {schema})")
         self._targets: np.ndarray | None = None
+        # packed with --restart-rows: JPEGs carry a restart table the Loader decodes strips with
+        self.restart_rows = bool(self.shards.manifest.source.get("options", {}).get("restart_rows"))
 
     def __len__(self) -> int:
         return len(self.shards)

@@ -5,5 +5,7 @@ from typing_extensions import Buffer
 LIBJPEG_TURBO_VERSION: str
 JPEG_LIB_VERSION: int
 
+class RestartTableError(ValueError): ...
+
 def decode_region(data: Buffer, top: int, left: int, height: int, width: int, scale_denom: int,
                   out: Buffer) -> tuple[int, int, int, int]: ...

@@ -122,7 +122,7 @@ class BatchMaker:
         index = int(batch.indices[j])
         data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
         try:
-            decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out)
+            decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out, self.dataset.restart_rows)
         except Exception as e:  # decoders raise many types for bad data
             raise self.dataset.decode_error(index, e) from None
         return label

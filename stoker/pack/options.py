@@ -20,12 +20,14 @@ DEFAULT_CRF = 23  # x264's own default
 
 @dataclass(frozen=True)
 class ImageOptions:
-    """How each image is checked and whether it is re-encoded."""
+    """How each image is checked and whether it is re-encoded; ``restart_rows``: sequential JPEGs
+    transcoded losslessly with restart markers (see stoker/pack/restarts.py)."""
 
     max_side: int | None = None
     quality: int = DEFAULT_QUALITY
     verify_decode: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    restart_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.max_side is not None:
@@ -59,14 +61,14 @@ class VideoOptions:
 
 def pack_options(video_mode: str | None, max_side: int | None, quality: int | None, verify_decode: bool,
                  fps: float | None, short_side: int | None, gop: int | None,
-                 crf: int | None) -> tuple[ImageOptions, VideoOptions | None]:
+                 crf: int | None, restart_rows: bool = False) -> tuple[ImageOptions, VideoOptions | None]:
     """The options of a pack, each in its range and none that only applies to another mode (None:
     not given). Images: ``max_side``, with ``quality`` for the images it re-encodes, and
-    ``verify_decode``. Videos in frames mode: ``fps``, ``short_side``, ``quality``; in video mode:
+    ``verify_decode`` and ``restart_rows``. Videos in frames mode: ``fps``, ``short_side``, ``quality``; in video mode:
     ``gop``, with ``crf`` for its re-encode. OptionError names the option and the mode it needs."""
     given = {"max_side": max_side, "quality": quality, "verify_decode": verify_decode or None, "fps": fps,
-             "short_side": short_side, "gop": gop, "crf": crf}
-    allowed = {"max_side", "verify_decode"} | ({"quality"} if max_side is not None else set())
+             "short_side": short_side, "gop": gop, "crf": crf, "restart_rows": restart_rows or None}
+    allowed = {"max_side", "verify_decode", "restart_rows"} | ({"quality"} if max_side is not None else set())
     if video_mode == "frames":
         allowed = {"fps", "short_side", "quality"}
     elif video_mode == "video":
@@ -74,7 +76,8 @@ def pack_options(video_mode: str | None, max_side: int | None, quality: int | No
     for name, value in given.items():
         if value is not None and name not in allowed:
             raise OptionError(f"{_named(name, value)} {_WHERE[name]}")
-    image = ImageOptions(max_side, DEFAULT_QUALITY if quality is None else quality, verify_decode)
+    image = ImageOptions(max_side, DEFAULT_QUALITY if quality is None else quality, verify_decode,
+                         restart_rows=restart_rows)
     if video_mode is None:
         return image, None
     crf = DEFAULT_CRF if crf is None else crf
@@ -87,6 +90,7 @@ _WHERE = {
     "quality": "applies only where JPEGs are written: images re-encoded by max_side= (--max-side), or video "
                "frames (--video-mode frames); in video mode, crf= (--crf) sets the quality of a --gop re-encode",
     "verify_decode": "applies to images; every video is decoded whole when it is packed",
+    "restart_rows": "applies to images (JPEGs); video frames are decoded whole",
     "fps": "applies only to videos stored as frames: video_mode='frames' (--video-mode frames)",
     "short_side": "applies only to videos stored as frames: video_mode='frames' (--video-mode frames)",
     "gop": "applies only to videos stored whole: video_mode='video' (--video-mode video)",

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
@@ -44,6 +45,7 @@ from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.local_engine import run_local
 from stoker.pack.options import ImageOptions, VideoOptions, pack_options
+from stoker.pack.restarts import check_available, summarize
 from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
 from stoker.ranges import PACK_WORKERS, SHARD_BYTES, SHUFFLE_SEED
 from stoker.sources import BadInput, Source, open_source
@@ -70,6 +72,7 @@ class PackResult:
     notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
     skipped_extensions: dict[str, int] = field(default_factory=dict)  # folder files not listed, per extension
     repeated_folders: int = 0  # links to folders already listed, not followed again
+    restarts: dict[str, object] | None = None  # restart_rows: images transcoded, kept, and why (see restarts.summarize)
 
 
 def pack(
@@ -82,6 +85,7 @@ def pack(
     max_side: int | None = None,
     quality: int | None = None,
     verify_decode: bool = False,
+    restart_rows: bool = False,
     strict: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
@@ -115,6 +119,11 @@ def pack(
 
     Every option is checked first (stoker/ranges.py; one that applies only to another mode, such
     as ``gop`` without ``video_mode="video"``, is refused): OptionError, before anything is read.
+    ``restart_rows`` transcodes each baseline JPEG losslessly (the same DCT coefficients, checked)
+    with restart markers at every MCU row and a table of where they are, so that stoker.Loader
+    decodes only the rows its crop needs (see stoker/pack/restarts.py); other images are stored
+    as they are, and ``PackResult.restarts`` counts both. Otherwise images keep their bytes.
+
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
 
@@ -137,7 +146,10 @@ def pack(
     for option, value in ((PACK_WORKERS, workers), (SHUFFLE_SEED, shuffle_seed)):
         if value is not None:
             option.check(value)
-    image_options, video = pack_options(video_mode, max_side, quality, verify_decode, fps, short_side, gop, crf)
+    image_options, video = pack_options(video_mode, max_side, quality, verify_decode, fps, short_side, gop, crf,
+                                        restart_rows)
+    if restart_rows:
+        check_available()
     upload = Upload(str(dst), storage_options or {}) if is_url(dst) else None
     if upload is not None:  # the plan and records live here; each task writes its shards in its own node's scratch
         dst = upload.scratch
@@ -145,7 +157,9 @@ def pack(
     source = open_source(src, videos=video_mode is not None, extensions=extensions)
     dst = Path(dst)
     check_destination(source, dst)
-    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, asdict(image_options), shard_bytes,
+    # restart_rows only when set: packs of earlier versions resume and are recognized as before
+    digested = {k: v for k, v in asdict(image_options).items() if k != "restart_rows" or v}
+    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, digested, shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
                **({"video": asdict(video)} if video else {})}
@@ -195,7 +209,7 @@ def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, 
     notes = [n for record in records for n in record.notes]
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
                       source_bytes, rejected, reused, time.perf_counter() - started, notes,
-                      source.skipped_extensions, source.repeated_folders)
+                      source.skipped_extensions, source.repeated_folders, manifest.source.get("restart_rows"))
 
 
 def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
@@ -228,7 +242,8 @@ def _existing_result(manifest: Manifest, dst: Path, plan_digest: str, started: f
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
                       0, [], len(manifest.shards), time.perf_counter() - started,
                       skipped_extensions=manifest.source.get("skipped_extensions", {}),
-                      repeated_folders=manifest.source.get("repeated_folders", 0))
+                      repeated_folders=manifest.source.get("repeated_folders", 0),
+                      restarts=manifest.source.get("restart_rows"))
 
 
 def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions,
@@ -253,7 +268,7 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
         reads = source.inputs.read(refs) if video is None else repeat(None)
         for ref, read in zip(refs, reads):
             try:
-                members, original_size, _, _ = load_members(ref, probe, read)
+                members, original_size, _, _, _ = load_members(ref, probe, read)
                 stored_sizes.append(sum(len(data) for _, data in members))
                 original_sizes.append(original_size)
             except (BadInput, OSError):
@@ -355,13 +370,16 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
         start += record.entry.count
         fields.update(dict.fromkeys(record.fields))
     schema = {f: _field_kind(f, "video" in options) for f in fields}
+    restarts = {}
+    if options.get("restart_rows"):
+        restarts = {"restart_rows": summarize(sum((Counter(record.restarts) for record in records), Counter()))}
     return Manifest(
         num_samples=start,
         shards=shards,
         schema=schema,
         classes=source.classes,
         source={"kind": source.kind, "path": str(source.root), "listed": len(source), "options": options,
-                "plan": plan_digest, **_not_listed(source)},
+                "plan": plan_digest, **_not_listed(source), **restarts},
         created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     )
 
