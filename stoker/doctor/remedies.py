@@ -2,7 +2,7 @@
 give, every prediction a formula over figures measured on the sample (kept with the remedy, so
 ``--json`` shows the inputs and the arithmetic).
 
-Pure functions of a :class:`~stoker.doctor.verdict.Figures` record. Symbols in the formulas:
+Pure functions of a :class:`~stoker.doctor.figures.Figures` record. Symbols in the formulas:
 
     S   storage as read now (cold random reads of loose files; sequential reads of shards)
     Q   storage after packing: the sample pack read front to back cold on the data's disk
@@ -21,12 +21,9 @@ import math
 import shlex
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import TYPE_CHECKING
 
+from stoker.doctor.figures import Figures
 from stoker.doctor.numbers import rounded
-
-if TYPE_CHECKING:
-    from stoker.doctor.verdict import Figures
 
 # stoker.echo's default bound on how often one example is served.
 ECHO_MAX_FACTOR = 4
