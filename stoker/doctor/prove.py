@@ -11,14 +11,16 @@ DataLoader remedy are read cold each pass too.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
@@ -131,22 +133,43 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
         return _Trial(stoker_loader(shm, batch_size, s.size, rest), None, "stoker.Loader on the sample pack in /dev/shm", shm)
     if kind == "dataloader_packed":
         dataset = ShardDataset(s.pack.folder, decode=s.decode, transform=s.transform)
-        return _Trial(_dataloader(dataset, batch_size, s.workers, QuasiRandomSampler(dataset)), pack_pass,
+        quasi = QuasiRandomSampler(dataset)
+        return _Trial(_dataloader(dataset, batch_size, s.workers, _Passes(lambda k: _epoch(quasi, k), pack_pass)), None,
                       f"DataLoader ({s.workers} workers) over ShardDataset of the sample pack, {pack_state}")
     if kind == "workers":
         dataset = sampled_dataset(s.target, s.transform, s.decode)
         files = s.target.files_read()
+        order = _Passes(lambda k: np.random.default_rng(k).permutation(len(dataset)).tolist(),
+                        (lambda: evict(files)) if s.data_evicts else None)
         state = "every pass cold" if s.data_evicts else "warm"
-        return _Trial(_dataloader(dataset, batch_size, s.workers, None), (lambda: evict(files)) if s.data_evicts else None,
+        return _Trial(_dataloader(dataset, batch_size, s.workers, order), None,
                       f"DataLoader ({s.workers} workers) over the sampled items, {state}")
     raise ValueError(f"no trial for {kind!r}")
 
 
 def _dataloader(dataset: torch.utils.data.Dataset, batch_size: int, workers: int,
-                sampler: torch.utils.data.Sampler | None) -> torch.utils.data.DataLoader:
+                sampler: torch.utils.data.Sampler) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, sampler=sampler,
-                                       shuffle=sampler is None, collate_fn=collate_or_list,
-                                       persistent_workers=workers > 0)
+                                       collate_fn=collate_or_list)
+
+
+class _Passes(torch.utils.data.Sampler):
+    """Pass after pass over a small sample as one endless epoch (a DataLoader started per pass
+    of a few batches would keep most workers idle), ``before_pass`` run as each pass is drawn."""
+
+    def __init__(self, order: Callable[[int], Iterable[int]], before_pass: Callable[[], None] | None) -> None:
+        self.order, self.before_pass = order, before_pass
+
+    def __iter__(self) -> Iterator[int]:
+        for number in itertools.count():
+            if self.before_pass is not None:
+                self.before_pass()
+            yield from self.order(number)
+
+
+def _epoch(sampler: QuasiRandomSampler, epoch: int) -> list[int]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
 
 def _repacked(s: Sample, folder: Path) -> Path:
