@@ -70,7 +70,8 @@ class Sample:
     transform: Callable | None
     decode: str
     size: int
-    workers: int
+    workers: int  # every core: the workers remedy
+    best_workers: int  # the best DataLoader's: the pack + DataLoader remedy keeps them
     scratch: str
     data_evicts: bool  # eviction works on the data's files
 
@@ -134,8 +135,8 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
     if kind == "dataloader_packed":
         dataset = ShardDataset(s.pack.folder, decode=s.decode, transform=s.transform)
         quasi = QuasiRandomSampler(dataset)
-        return _Trial(_dataloader(dataset, batch_size, s.workers, _Passes(lambda k: _epoch(quasi, k), pack_pass)), None,
-                      f"DataLoader ({s.workers} workers) over ShardDataset of the sample pack, {pack_state}")
+        return _Trial(_dataloader(dataset, batch_size, s.best_workers, _Passes(lambda k: _epoch(quasi, k), pack_pass)),
+                      None, f"DataLoader ({s.best_workers} workers) over ShardDataset of the sample pack, {pack_state}")
     if kind == "workers":
         dataset = sampled_dataset(s.target, s.transform, s.decode)
         files = s.target.files_read()

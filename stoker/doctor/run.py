@@ -107,7 +107,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
         if prove and pack is not None:
             steps.set_postfix_str("proving the top remedies")
             sample = Sample(target.subset(good), blobs, pack, transform, decode_mode, size, max(1, figures.cores),
-                            scratch, storage is not None and storage.eviction_worked)
+                            max(1, figures.loader_workers), scratch, storage is not None and storage.eviction_worked)
             proof, proof_notes = run_proof(verdict.remedies, sample, batch_size=batch_size, step_time=step_time,
                                        seconds=budget["prove"])
             notes += proof_notes
