@@ -2,7 +2,8 @@
 
 stoker.loader._jpeg_region (region-of-interest JPEG decode) links libjpeg(-turbo). Where its headers
 are missing (no libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns
-and stoker installs without it; the loader then decodes whole images with simplejpeg.
+and stoker installs without it; the Loader then decodes whole images with simplejpeg and warns once
+(`stoker env` lists it). `make wheel` builds a wheel that carries libjpeg-turbo (auditwheel repair).
 """
 
 from setuptools import Extension, setup

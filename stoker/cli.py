@@ -1,4 +1,4 @@
-"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, stage, bench."""
+"""The ``stoker`` command: pack, info, verify, cat, sample, doctor, stage, bench, env."""
 
 from __future__ import annotations
 
@@ -163,8 +163,27 @@ def _bench_loader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(args: argparse.Namespace) -> int:
+    from stoker.env import report
+
+    print(report())
+    return 0
+
+
+class _PrintEnv(argparse.Action):
+    """``stoker --version``: what ``stoker env`` prints, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_) -> None:
+        _env(argparse.Namespace())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack and read image data sets fast.")
+    parser.add_argument("--version", action=_PrintEnv, help="stoker's version and its optional fast paths (as stoker env)")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
@@ -241,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_stage)
 
+    p = commands.add_parser("env", help="stoker's version and which optional fast paths work here, with their versions")
+    p.set_defaults(run=_env)
+
     bench = commands.add_parser("bench", help="benchmarks to run on your machine").add_subparsers(
         required=True, metavar="BENCHMARK")
     p = bench.add_parser("loader", help="stoker.Loader vs torch DataLoader and peer loaders, same images and output")
@@ -250,7 +272,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON",
                    help="also measure a peer (ffcv, dali, webdataset, streaming, litdata, spdl) with the Python "
                         "of an environment where it is installed; repeatable")
-    p.add_argument("--only", default="", help="comma-separated readers to run: stoker, stoker160, limit, "
+    p.add_argument("--only", default="", help="comma-separated readers to run: stoker, stoker160, stoker-noext, limit, "
                    "loose0..N, shards1..N and peer names (default: all)")
     p.add_argument("--repeat", type=int, default=3, help="runs per reader; medians are reported (default 3)")
     p.add_argument("--batch", type=int, default=256)

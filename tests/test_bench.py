@@ -42,19 +42,21 @@ def test_report_states_the_ratios_the_targets_use():
 
     text = report([row("stoker", "stoker.Loader", 2000, 200), row("limit", "limit: 2 threads", 2500, 100),
                    row("loose2", "DataLoader, loose files + Pillow, 2 workers", 1000, 500),
-                   row("ffcv", "peer: ffcv", 1500, 300)], cores=2)
+                   row("ffcv", "peer: ffcv", 1500, 300),
+                   row("stoker-noext", "stoker.Loader, no region decode (simplejpeg)", 1750, 200)], cores=2)
     assert "2.00x (target >= 1.8x); peak PSS 40% of it" in text
     assert "stoker.Loader / ffcv: 1.33x" in text
     assert "stoker.Loader / limit: 80%" in text
+    assert "stoker.Loader without / with its region-decode extension: 88%" in text
 
 
 def test_bench_loader_runs_end_to_end_on_a_cold_cache(tmp_path, capsys):
     status = main(["bench", "loader", "--data", str(tmp_path), "--count", "48", "--batch", "16", "--repeat", "1",
-                   "--only", "stoker,loose0", "--cold", "--force"])
+                   "--only", "stoker,stoker-noext,loose0", "--cold", "--force"])
     out = capsys.readouterr().out
     assert status == 0
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
-    for name in ("stoker.Loader", "DataLoader, loose files + Pillow, 0 workers"):
+    for name in ("stoker.Loader", "stoker.Loader, no region decode (simplejpeg)", "DataLoader, loose files + Pillow, 0 workers"):
         values = lines[name].split()[-5:]
         assert all(float(v) > 0 for v in values), lines[name]
     disk = lines["disk: shards read sequentially (cat)"].split()[-5:]

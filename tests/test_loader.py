@@ -212,3 +212,22 @@ def test_a_failing_transform_surfaces_with_the_sample_key(packed, processes):
     loader = stoker.Loader(dataset, 8, threads=2, order="sequential", transform=_fail_on_dark, processes=processes)
     with pytest.raises(Exception, match=f"transform failed on sample '{dataset.key(0)}'.*too dark"):
         next(iter(loader))
+
+
+def test_batches_come_from_a_ring_of_buffers_that_never_hands_out_a_held_one(packed):
+    dataset = stoker.ShardDataset(packed)
+    crop = stoker.CropSpec(size=(32, 32))
+    reference = batches(stoker.Loader(dataset, 8, crop=crop, threads=2, seed=2))
+    loader = stoker.Loader(dataset, 8, crop=crop, threads=2, seed=2, prefetch=2)
+    addresses = set()
+    for images, _ in loader:  # a loop that lets go of each batch: the ring's buffers come back
+        addresses.add(images.data_ptr())
+    assert len(addresses) <= loader.prefetch + 1
+    loader.set_epoch(0)
+    kept = list(loader)  # a loop that keeps every batch: none may be overwritten
+    loader.set_epoch(0)
+    views = [images[0].numpy() for images, _ in loader]  # views and numpy arrays hold their batch too
+    assert len({images.data_ptr() for images, _ in kept}) == len(kept)
+    for (images, labels), (expected, expected_labels), view in zip(kept, reference, views):
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
+        assert np.array_equal(view, expected[0].numpy())

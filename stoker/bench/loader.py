@@ -57,10 +57,12 @@ class Row:
 
 
 def default_readers(peers: dict[str, str], cores: int) -> list[Reader]:
-    """stoker.Loader (224 and 160 px), the decode-only limit, DataLoader over loose files (0..cores
-    workers) and over ShardDataset (1..cores), and each peer in ``peers`` (name -> its Python)."""
+    """stoker.Loader (224 and 160 px, and without its region-decode extension), the decode-only limit,
+    DataLoader over loose files (0..cores workers) and over ShardDataset (1..cores), and each peer in
+    ``peers`` (name -> its Python)."""
     readers = [Reader("stoker", "stoker.Loader", "stoker_loader.py"),
                Reader("stoker160", "stoker.Loader, 160 px", "stoker_loader.py", size=160),
+               Reader("stoker-noext", "stoker.Loader, no region decode (simplejpeg)", "stoker_loader_noext.py"),
                Reader("limit", f"limit: {cores} threads of simplejpeg decode only", "limit.py")]
     readers += [Reader(f"loose{w}", f"DataLoader, loose files + Pillow, {w} workers", "dataloader.py",
                        args=("--source", "loose"), workers=w) for w in range(cores + 1)]
@@ -160,6 +162,10 @@ def report(rows: list[Row], cores: int, floor_mb: float | None = None) -> str:
         bound = min(ours, disk.median("first_epoch"))
         lines.append(f"stoker.Loader cold first epoch: {stoker.median('first_epoch') / bound:.0%} of the lesser of its "
                      f"warm rate and the disk's sequential rate ({bound:.0f} img/s; target >= 90%)")
+    fallback = measured.get("stoker.Loader, no region decode (simplejpeg)")
+    if fallback is not None:
+        lines.append(f"stoker.Loader without / with its region-decode extension: "
+                     f"{fallback.median('warm_epoch') / ours:.0%}")
     lines.append(f"stoker.Loader time to first batch, fresh process: {stoker.median('first_batch'):.2f} s (target < 0.5 s)")
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ from stoker.doctor.standard import StandardTransform
 from stoker.doctor.storage_probe import StorageReport, probe_storage
 from stoker.doctor.target import Target, open_target
 from stoker.doctor.verdict import Figures, diagnose
+from stoker.env import fallback_notes
 from stoker.errors import StokerError
 
 # Sample sizes and seconds per probe: the whole run stays under ~60 s by default and ~15 s with
@@ -86,7 +87,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     # A batch takes at most ~1/8 of a row's time on one core, so even slow pipelines give several.
     probe_batch = int(max(1, min(batch_size, _MAX_PROBE_BATCH, per_core * budget["loaders"] / len(rows) / 8)))
     loaders = probe_loaders(target.subset(good), transform, probe_batch, rows, budget["loaders"], decode_mode)
-    notes = []
+    notes = fallback_notes()
     if probe_batch != batch_size:
         notes.append(f"loaders were timed with batches of {probe_batch} (of {batch_size}) to stay within the time budget")
     steps.update()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from stoker.errors import FormatError
 from stoker.format.layout import FORMAT_VERSION, MANIFEST_NAME, atomic_write, check_name, index_name
@@ -47,6 +48,13 @@ class Manifest:
     def shard_starts(self) -> np.ndarray:
         """``starts[i]`` is the first global sample of shard i; the last entry is ``num_samples``."""
         return np.array([s.start for s in self.shards] + [self.num_samples], dtype=np.int64)
+
+    def digest(self) -> str:
+        """The identity of the data: a hash of every shard's name, sample count and checksums, the
+        schema and the class names. A copy of the data set (``stoker stage``, an object store) has the
+        same digest, other data another; a saved reader position names the data set by it."""
+        shards = [(s.name, s.count, s.checksum, s.index_checksum) for s in self.shards]
+        return xxhash.xxh3_64_hexdigest(json.dumps([shards, self.schema, self.classes]).encode())
 
     def to_json(self) -> str:
         """The manifest as written to ``stoker.json``."""

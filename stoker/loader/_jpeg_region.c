@@ -12,6 +12,7 @@
  * writes an RGB block of rows x cols pixels (stride cols*3) into `out` that covers the region
  * (given in full-resolution pixels) at 1/scale_denom; the region starts at (dy, dx) in the block.
  * Errors, and libjpeg warnings (corrupt or truncated data), raise ValueError.
+ * LIBJPEG_TURBO_VERSION (str) and JPEG_LIB_VERSION (int) name the libjpeg-turbo it was compiled against.
  *
  * All libjpeg work runs in decode() without the GIL; its setjmp/longjmp never leave decode(),
  * so no longjmp crosses Py_BEGIN/END_ALLOW_THREADS. */
@@ -187,4 +188,17 @@ static struct PyModuleDef module = {
     "Region-of-interest JPEG decode with libjpeg-turbo (skip/crop scanlines, DCT scaling).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__jpeg_region(void) { return PyModule_Create(&module); }
+/* jconfig.h defines LIBJPEG_TURBO_VERSION as bare tokens (2.1.5): made a string here. */
+#define STRINGIFY_TOKENS(x) #x
+#define STRINGIFY(x) STRINGIFY_TOKENS(x)
+
+PyMODINIT_FUNC PyInit__jpeg_region(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", STRINGIFY(LIBJPEG_TURBO_VERSION)) < 0 ||
+        PyModule_AddIntConstant(m, "JPEG_LIB_VERSION", JPEG_LIB_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -33,29 +33,15 @@ _RGB_COLORSPACES = ("Gray", "YCbCr", "RGB")
 
 
 def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
-    """Decode ``data``, crop as ``spec`` and ``tries`` say, and write the result into ``out`` (H, W, 3 uint8)."""
+    """Decode ``data``, crop as ``spec`` and ``tries`` say, and write the result into ``out`` (H, W, 3 uint8).
+    A JPEG the fast decoders refuse (libjpeg's warnings, such as stray bytes before a marker, are
+    errors to them) goes to Pillow, which decides as ShardDataset's decode does."""
     if data[:2] == _JPEG_MAGIC:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        if colorspace in _RGB_COLORSPACES:
-            box = crop_box(spec, height, width, tries)
-            if box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
-                # the whole image at its own size (video frames passed through): decode into place;
-                # measured here, 240 instead of 370 us per 320x240 frame (no resize that only copies)
-                simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=out)
-                if flip:
-                    cv2.flip(out, 1, dst=out)
+        try:
+            if _decode_jpeg_into(data, spec, tries, flip, out):
                 return
-            scale = _dct_scale(spec, box)
-            scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
-            buffer = thread_buffer("decode", height * width * 3)
-            if decode_region is not None:
-                image, origin = _decode_region(data, height, width, box, scale, buffer)
-            else:
-                image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
-                                               min_height=scaled[0], min_width=scaled[1], buffer=buffer)
-                origin = (0, 0)
-            _crop_resize(image, origin, scaled, (height, width), box, flip, out)
-            return
+        except (ValueError, RuntimeError):
+            pass
     with Image.open(io.BytesIO(data)) as pil:
         width, height = pil.size
         box = crop_box(spec, height, width, tries)
@@ -63,6 +49,33 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
         pil.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))  # JPEG only: reduced DCT scale
         image = np.asarray(pil.convert("RGB"))
     _crop_resize(image, (0, 0), image.shape[:2], (height, width), box, flip, out)
+
+
+def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> bool:
+    """:func:`decode_into` with libjpeg-turbo (the region decode, or simplejpeg); False for a JPEG
+    that is not RGB, YCbCr or gray (CMYK), which Pillow converts."""
+    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    if colorspace not in _RGB_COLORSPACES:
+        return False
+    box = crop_box(spec, height, width, tries)
+    if box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
+        # the whole image at its own size (video frames passed through): decode into place;
+        # measured here, 240 instead of 370 us per 320x240 frame (no resize that only copies)
+        simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=out)
+        if flip:
+            cv2.flip(out, 1, dst=out)
+        return True
+    scale = _dct_scale(spec, box)
+    scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
+    buffer = thread_buffer("decode", height * width * 3)
+    if decode_region is not None:
+        image, origin = _decode_region(data, height, width, box, scale, buffer)
+    else:
+        image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                       min_height=scaled[0], min_width=scaled[1], buffer=buffer)
+        origin = (0, 0)
+    _crop_resize(image, origin, scaled, (height, width), box, flip, out)
+    return True
 
 
 def crop_into(image: np.ndarray, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
