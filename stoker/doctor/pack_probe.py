@@ -120,7 +120,8 @@ class PackProbe:
 
     def timed(self, name: str, loader: Loader, seconds: float, before_pass: Callable[[], None] | None = None) -> float:
         """Time ``loader`` over the pack as one long epoch; keep its row for the report; its img/s."""
-        rate = time_passes(loader, seconds, before_pass=before_pass)
+        # Four batches suffice: the Loader's threads deliver steadily, not in bursts as DataLoader workers do.
+        rate = time_passes(loader, seconds, before_pass=before_pass, min_batches=4)
         self.rows.append(LoaderRow(f"stoker.Loader, {loader.threads} threads ({name})", loader.threads, rate.per_second,
                                    rate.first_batch_seconds))
         return rate.per_second

@@ -38,7 +38,7 @@ from stoker.errors import StokerError
 # pack together); ``prove`` is the seconds each proved remedy runs (a proof adds ~20-30 s).
 _BUDGET = {False: {"sample": 400, "decoded": 200, "list": 5.0, "storage": 16.0, "compute": 8.0, "loaders": 11.0,
                    "pack": 12.0, "pack_images": 2048, "pack_bytes": 192 << 20, "prove": 8.0},
-           True: {"sample": 120, "decoded": 60, "list": 1.0, "storage": 3.0, "compute": 2.0, "loaders": 4.5,
+           True: {"sample": 120, "decoded": 60, "list": 1.0, "storage": 3.0, "compute": 2.0, "loaders": 4.0,
                   "pack": 2.5, "pack_images": 512, "pack_bytes": 48 << 20, "prove": 4.0}}
 _MAX_PROBE_BATCH = 128
 
