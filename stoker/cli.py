@@ -204,7 +204,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from stoker.doctor import doctor, write_html
 
     report = doctor(args.path, step_time=args.step_time, batch_size=args.batch_size, workers=args.workers,
-                    size=args.size, quick=args.quick, ssd=args.ssd, progress=not args.json and sys.stderr.isatty())
+                    size=args.size, quick=args.quick, ssd=args.ssd, progress=not args.json and sys.stderr.isatty(),
+                    prove=args.prove)
     print(report.to_json() if args.json else report.to_text())
     if args.html:
         write_html(report, args.html)
@@ -332,6 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a smaller sample: under ~15 s")
     p.add_argument("--json", action="store_true", help="the report as JSON (schema: stoker/doctor/schema.json)")
     p.add_argument("--html", type=Path, help="also write an HTML report with charts to this file")
+    p.add_argument("--prove", action="store_true", help="also run the top two remedies on the sample: predicted vs measured")
     p.set_defaults(run=_doctor)
 
     p = commands.add_parser("stage", help="copy a packed data set (a folder or an fsspec URL such as s3://...) "
