@@ -24,6 +24,7 @@ from stoker.doctor.compute_probe import probe_decode
 from stoker.doctor.contention import DiskWatch, block_device
 from stoker.doctor.report import SCHEMA_PATH, _decode_lines
 from stoker.doctor.standard import RandomHorizontalFlip, RandomResizedCrop, ToUint8Tensor
+from stoker.doctor.target import open_target
 from stoker.doctor.verdict import Figures, diagnose
 from stoker.storage import evict
 
@@ -395,3 +396,16 @@ def test_prove_runs_the_top_remedies_with_a_users_transform(photos):
         assert proof.measured > 0 and proof.seconds > 0 and proof.expected <= 32 / 0.01
     assert "Proof: the top remedies run on the sample" in report.to_text()
     assert not list(Path(tempfile.gettempdir()).glob("stoker-doctor-*"))  # the sample pack is removed
+
+
+def test_special_files_in_a_folder_are_left_out_of_the_sample_not_read(photos, tmp_path):
+    """A FIFO named like an image would block every probe that reads, evicts or copies it."""
+    root = tmp_path / "with-fifo"
+    shutil.copytree(photos, root)
+    first = sorted(root.iterdir())[0]
+    os.mkfifo(first / "blocked.jpg")
+    (first / "zero.jpg").symlink_to("/dev/zero")
+    target = open_target(root, sample=10_000)
+    assert not {"blocked.jpg", "zero.jpg"} & {Path(p).name for p in target.paths}
+    assert len(target.left_out) == 2 and any("FIFO" in note for note in target.left_out)
+    assert any("character device (/dev/zero)" in note for note in target.left_out)

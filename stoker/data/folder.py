@@ -9,7 +9,9 @@ from typing import Any
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
-from stoker.sources import open_source
+from stoker.errors import StokerError
+from stoker.sources import BadInput, open_source
+from stoker.sources.inputs import read_regular_file
 
 
 class FolderDataset(torch.utils.data.Dataset):
@@ -34,8 +36,11 @@ class FolderDataset(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        with open(self.paths[index], "rb") as f:
-            image = decode_image(f.read(), self.decode)
+        try:
+            data = read_regular_file(self.paths[index])  # a FIFO named like an image would block forever
+        except BadInput as e:
+            raise StokerError(f"{self.paths[index]}: {e.reason}") from None
+        image = decode_image(data, self.decode)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])

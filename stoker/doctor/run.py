@@ -88,7 +88,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     # A batch takes at most ~1/8 of a row's time on one core, so even slow pipelines give several.
     probe_batch = int(max(1, min(batch_size, _MAX_PROBE_BATCH, per_core * budget["loaders"] / len(rows) / 8)))
     loaders = probe_loaders(target.subset(good), transform, probe_batch, rows, budget["loaders"], decode_mode)
-    notes = fallback_notes()
+    notes = fallback_notes() + target.left_out
     if probe_batch != batch_size:
         notes.append(f"loaders were timed with batches of {probe_batch} (of {batch_size}) to stay within the time budget")
     steps.update()

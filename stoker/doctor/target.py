@@ -9,6 +9,7 @@ written into the data set's folder.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.errors import StokerError
 from stoker.format import MANIFEST_NAME
 from stoker.sources import IMAGE_EXTENSIONS, read_path_list
+from stoker.sources.inputs import file_kind
 
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 
@@ -45,6 +47,7 @@ class Target:
     indices: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     shard_files: list[str] = field(default_factory=list)
     dataset: Any = None
+    left_out: list[str] = field(default_factory=list)  # sampled paths that are not regular files, and why
 
     @property
     def loose(self) -> bool:
@@ -113,16 +116,33 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
         return target
     if path.is_dir():
         paths, total, estimated = _sample_folder(path, sample, rng, list_seconds)
-        return Target("folder", str(path), total, estimated, paths=paths)
+        return Target("folder", str(path), total, estimated, **_regular_files(paths))
     if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
         listed = read_path_list(path)
         if not len(listed):
             raise StokerError(f"{path}: the path list is empty")
         chosen = rng.choice(len(listed), size=min(sample, len(listed)), replace=False)
-        return Target("list", str(path), len(listed), paths=[listed.refs[i] for i in chosen])
+        return Target("list", str(path), len(listed), **_regular_files([listed.refs[i] for i in chosen]))
     if path.is_file():
         raise StokerError(f"{path}: not a folder, a path list ({', '.join(LIST_SUFFIXES)}) or a packed data set")
     raise StokerError(f"{path}: no such folder, path list or packed data set")
+
+
+def _regular_files(paths: list[str]) -> dict[str, list[str]]:
+    """The sampled ``paths`` that are regular files, and the others named with what they are: a
+    FIFO, socket or device (or a link to one) is left out after a stat, never opened, since every
+    probe reads, evicts or copies what it samples, and reading a FIFO waits forever."""
+    kept, left_out = [], []
+    for p in paths:
+        try:
+            regular = stat.S_ISREG(os.stat(p).st_mode)
+        except OSError:
+            regular = True  # missing or unreadable: the read probes report it
+        if regular:
+            kept.append(p)
+        else:
+            left_out.append(f"{p}: left out of the sample, not a regular file: {file_kind(p)}")
+    return {"paths": kept, "left_out": left_out}
 
 
 def _dataset_target(dataset: Any, sample: int, rng: np.random.Generator) -> Target:
