@@ -59,6 +59,9 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
     BACKOFF.check(backoff)
     started = time.perf_counter()
     source = RemoteData(src, storage_options, retries=retries, backoff=backoff, error=StageError)
+    # The source's manifest first: a missing or malformed source leaves no empty folder behind.
+    text = source.read(MANIFEST_NAME)
+    manifest = Manifest.from_json(text, f"{source.url}/{MANIFEST_NAME}")
     dst = Path(dst)
     try:
         dst.mkdir(parents=True, exist_ok=True)
@@ -67,8 +70,6 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
         raise LocalWriteError(f"{dst}: cannot stage into it ({kind}); DST is a folder, new or a previous stage's") from None
     with exclusive(dst / STAGE_LOCK_NAME):
         _remove_partials(dst)
-        text = source.read(MANIFEST_NAME)
-        manifest = Manifest.from_json(text, f"{source.url}/{MANIFEST_NAME}")
         files = [(check_name(s.name), s.bytes, s.checksum) for s in manifest.shards]
         files += [(check_name(s.index), s.index_bytes, s.index_checksum) for s in manifest.shards]
         total = sum(size for _, size, _ in files)
