@@ -5,6 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A second venv with torchvision, for what needs it: the tests of Loader(transform=<torchvision pipeline>)
+# against torchvision itself, and the demo. Its torch is pinned with torchvision (0.29.1 needs 2.14.1).
+TV_VENV := .venv-tv
+TV_BIN := $(TV_VENV)/bin
+TV_STAMP := $(TV_VENV)/.installed
 
 .PHONY: demo test lint clean
 
@@ -14,6 +19,12 @@ $(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
+	$(PYTHON) -m venv $(TV_VENV)
+	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(TV_BIN)/pip install --quiet -e '.[test]'
+	touch $(TV_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py --out demo-data
