@@ -36,6 +36,8 @@ def augment_image(image: np.ndarray, map_: np.ndarray | None, out_size: tuple[in
     ``out_size`` as ``how`` says and put through the photometric ``ops`` with its ``params``, into
     ``out`` ((out_h, out_w, C) float32). Any thread: scratch arrays are the thread's own."""
     warped, x, spare = _buffers((*out_size, image.shape[-1]), image.dtype)
+    if out.flags.c_contiguous:
+        x = out  # work in the output itself: no copy at the end unless the last op leaves the result in spare
     if map_ is not None:
         image = warp_image(image, map_, out_size, dst=warped, how=how)
     np.multiply(image, np.float32(1 / 255 if image.dtype == np.uint8 else 1), out=x)
@@ -43,7 +45,8 @@ def augment_image(image: np.ndarray, map_: np.ndarray | None, out_size: tuple[in
         result = op.apply_image(x, p, spare)
         if result is spare:
             x, spare = spare, x
-    out[...] = x
+    if x is not out:
+        out[...] = x
 
 
 def augment_images(images: Sequence[np.ndarray], maps: np.ndarray | None, out_size: tuple[int, int], how: Resampling,

@@ -1,23 +1,28 @@
 """Making one batch: the work that pipeline threads share, or that a worker process does alone.
 
 A batch is fully determined by (seed, epoch, batch number, rank) and the order's indices, so it
-comes out the same whether 1 thread, 8 threads or a worker process makes it.
+comes out the same whether 1 thread, 8 threads or a worker process makes it. With a batched
+augmentation (a translated torchvision pipeline), its parameters are drawn once per batch from
+those numbers too, and each thread augments the images it decoded, right after decoding them.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
+from stoker.data.decode import decode_image
 from stoker.errors import TransformError
-from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
+from stoker.loader.buffers import ReusedTensors, thread_buffer
+from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
@@ -26,16 +31,27 @@ _READ_BUFFER_BYTES = 16 << 20
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _unshared_pixels(shape: tuple[int, ...]) -> torch.Tensor:
-    """A uint8 tensor in an anonymous memory map of its own, unmapped when the tensor is freed.
+def _unshared_pixels(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """A tensor in an anonymous memory map of its own, unmapped when the tensor is freed.
     glibc serves allocations under its dynamic mmap threshold (up to 32 MB) from a heap it rarely
     gives back: measured here, batches of 256 at 160 px (19.7 MB each) took the Loader's peak PSS
     from 293 to ~480 MB that way. The pages are mapped in at once (MAP_POPULATE): faulting them
     in one by one while decoding into them cost ~150 us per 230 KB frame here (decoding into
     a batch of 16 clips of 320x240: 439 us per frame; populated: 314; reused memory: 283)."""
-    nbytes = math.prod(shape)
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return torch.frombuffer(mmap.mmap(-1, max(1, nbytes), flags=flags), dtype=torch.uint8, count=nbytes).view(shape)
+    return torch.frombuffer(mmap.mmap(-1, max(1, nbytes), flags=flags), dtype=dtype, count=count).view(shape)
+
+
+@dataclass(frozen=True)
+class ThreadAugment:
+    """Batched augmentation run image by image on the thread that decoded the image: ``augment``
+    (CPU, opencv backend; its parameters drawn once per batch) writes float32, which the batch
+    keeps as ``dtype``: a float dtype, or uint8 (rounded back) where the pipeline is still at uint8."""
+
+    augment: Augment
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -52,30 +68,50 @@ class Batch:
     draws: BatchDraws
     transformed: list[torch.Tensor | None] | None
     encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
+    augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
 
 
 @dataclass(frozen=True)
 class BatchMaker:
-    """Reads, decodes, crops and (optionally) transforms the images of a batch. Picklable: a
-    worker process gets a copy and makes whole batches with it. Subclasses make batches of other
-    samples (see stoker/loader/clips.py) by saying what one sample's pixels are."""
+    """Reads, decodes, crops, augments and (optionally) transforms the images of a batch.
+    Picklable: a worker process gets a copy and makes whole batches with it. Subclasses make
+    batches of other samples (see stoker/loader/clips.py) by saying what one sample's pixels are.
+    ``crop`` None: whole images, decoded with Pillow and handed to ``transform`` (which must then
+    make them one size). ``reuse``: batch buffers handed out again once nothing holds them."""
 
     dataset: ShardDataset
-    crop: CropSpec
+    crop: CropSpec | None
     transform: SampleTransform | None
     seed: int
     rank: int
     world_size: int
+    augment: ThreadAugment | None = None
+    reuse: ReusedTensors | None = field(default=None, compare=False, repr=False)
 
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
         """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
         ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
-        shape = (len(indices), *self.sample_shape())
-        images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else _unshared_pixels(shape)
-        labels = torch.empty(len(indices), dtype=torch.int64)
-        draws = self.draws(epoch, number, len(indices))
-        transformed = [None] * len(indices) if self.transform is not None else None
-        return Batch(epoch, number, indices, images, labels, draws, transformed)
+        n = len(indices)
+        shape = (n, *self.sample_shape())
+        dtype = torch.uint8 if self.augment is None or self.augment.dtype == torch.uint8 else torch.float32
+        if shared:
+            images = torch.empty(shape, dtype=dtype).share_memory_()
+        elif self.reuse is not None and dtype != torch.uint8:
+            images = self.reuse.take(shape, dtype, lambda: _unshared_pixels(shape, dtype))
+        else:
+            images = _unshared_pixels(shape, dtype)
+        labels = torch.empty(n, dtype=torch.int64)
+        if self.crop is None:
+            draws = BatchDraws(np.zeros((n, CROP_TRIES, 4)), np.zeros(n, dtype=bool))
+        else:
+            draws = self.draws(epoch, number, n)
+        transformed = [None] * n if self.transform is not None else None
+        augment_draws = None
+        if self.augment is not None:
+            height, width = shape[1:3]
+            augment_draws = self.augment.augment.draw((np.full(n, height), np.full(n, width)),
+                                                      step=self.augment_step(epoch, number))
+        return Batch(epoch, number, indices, images, labels, draws, transformed, augment_draws=augment_draws)
 
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
         """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
@@ -86,19 +122,53 @@ class BatchMaker:
         """Batch ``number`` of this rank, numbered across all ranks."""
         return number * self.world_size + self.rank
 
+    def augment_step(self, epoch: int, number: int) -> int:
+        """Which draw of the augmentation's seeded stream batch ``number`` of ``epoch`` gets: a
+        number of its own for every (epoch, batch across ranks), never a count of earlier calls."""
+        return (epoch << 32) + self.batch_key(number)
+
     def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one sample's pixels in the batch: (H, W, 3)."""
-        return (*self.crop.size, 3)
+        """The shape of one sample's pixels in the batch: (H, W, 3); (0,) for whole images."""
+        return (*self.crop.size, 3) if self.crop is not None else (0,)
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
-        """Read, decode and place the samples at ``positions`` of ``batch`` (any thread)."""
+        """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread)."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
         for j in positions:
             index = int(batch.indices[j])
-            targets[j] = self.place(batch, int(j), pixels[j])
+            if self.crop is None:
+                image, targets[j] = self._whole_image(index)
+            elif self.augment is None:
+                targets[j] = self.place(batch, int(j), pixels[j])
+                image = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
+            else:
+                size = pixels[j].size  # decoded into this thread's scratch, then augmented into the batch
+                cropped = np.frombuffer(thread_buffer("crop", size), np.uint8, size).reshape(pixels[j].shape)
+                targets[j] = self.place(batch, int(j), cropped)
+                self._augment(batch, int(j), cropped, pixels[j])
+                image = batch.images[j].movedim(-1, -3)
             if batch.transformed is not None:
-                channels_first = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
-                batch.transformed[j] = self._transform(index, channels_first)
+                batch.transformed[j] = self._transform(index, image)
+
+    def _augment(self, batch: Batch, j: int, cropped: np.ndarray, out: np.ndarray) -> None:
+        """Augment sample ``j``'s crop into ``out``, its slot of the batch (float32, or rounded to uint8)."""
+        assert self.augment is not None and batch.augment_draws is not None
+        if out.dtype == np.float32:
+            self.augment.augment.apply_image(cropped, j, batch.augment_draws, out)
+            return
+        result = np.frombuffer(thread_buffer("augmented", out.size * 4), np.float32, out.size).reshape(out.shape)
+        self.augment.augment.apply_image(cropped, j, batch.augment_draws, result)
+        np.multiply(result, 255, out=result)
+        np.rint(result, out=result)
+        out[...] = result
+
+    def _whole_image(self, index: int) -> tuple[object, int]:
+        """Sample ``index`` decoded whole, as ImageFolder's loader gives it (an RGB PIL image), and its label."""
+        data, label = self.dataset.read_image(index)
+        try:
+            return decode_image(bytes(data), "pil"), label
+        except Exception as e:  # decoders raise many types for bad data
+            raise self.dataset.decode_error(index, e) from None
 
     def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
         """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label."""
@@ -111,13 +181,25 @@ class BatchMaker:
         return label
 
     def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images, labels)``: NHWC uint8 pixels, or the transformed samples stacked."""
+        """``(images, labels)``: NHWC pixels (uint8, or float as augmented), or the transformed samples stacked."""
         if batch.transformed is None:
-            return batch.images, batch.labels
-        return torch.stack(batch.transformed), batch.labels  # type: ignore[arg-type]
+            wanted = self.augment.dtype if self.augment is not None else torch.uint8
+            return (batch.images if batch.images.dtype == wanted else batch.images.to(wanted)), batch.labels
+        try:
+            return torch.stack(batch.transformed), batch.labels  # type: ignore[arg-type]
+        except RuntimeError as e:  # sizes differ: the transform did not make them one size
+            first = self.dataset.key(int(batch.indices[0]))
+            raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "
+                                 "a DataLoader could not collate them either") from None
 
     def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch, made by the calling thread (a worker process's job)."""
+        """A whole batch, made by the calling thread (a worker process's job). The process's own
+        random generators (torch's, Python's), which per-sample transforms draw from, are seeded from
+        the batch's numbers first, so the batch is the same whichever worker makes it."""
+        if self.transform is not None:
+            seed = int(np.random.SeedSequence([self.seed, epoch, self.batch_key(number)]).generate_state(1)[0])
+            torch.manual_seed(seed)
+            random.seed(seed)
         batch = self.start(epoch, number, indices, shared=True)
         self.fill(batch, np.arange(len(indices)))
         return self.finish(batch)

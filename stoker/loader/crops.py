@@ -23,7 +23,7 @@ class CropSpec:
     ``random_resized``: torchvision's RandomResizedCrop (``scale``, ``ratio``);
     ``center``: the central ``center_fraction`` of the short side at the output's aspect, as
     Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched.
-    ``flip`` mirrors half the images, chosen at random.
+    ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
     """
 
     kind: CropKind = "random_resized"
@@ -31,7 +31,12 @@ class CropSpec:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     center_fraction: float = 0.875
-    flip: bool = True
+    flip: bool | float = True
+
+    @property
+    def flip_p(self) -> float:
+        """The probability that an image is mirrored."""
+        return 0.5 if self.flip is True else float(self.flip)
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ def draw_batch(seed: int, epoch: int, batch: int, n: int, spec: CropSpec) -> Bat
     """Random numbers for batch ``batch`` of ``epoch``; the same whatever decodes it."""
     rng = np.random.default_rng([seed, epoch, batch])
     tries = rng.random((n, CROP_TRIES, 4))
-    flips = rng.random(n) < 0.5 if spec.flip else np.zeros(n, dtype=bool)
+    flips = rng.random(n) < spec.flip_p if spec.flip_p else np.zeros(n, dtype=bool)
     return BatchDraws(tries, flips)
 
 
