@@ -29,9 +29,10 @@ $(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py --out demo-data
 
-test: $(STAMP)
+test: $(STAMP) $(TV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+	$(TV_BIN)/python -m pytest -q -m torchvision
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache
+	rm -rf $(VENV) $(TV_VENV) demo-data .pytest_cache

@@ -195,8 +195,9 @@ def test_device_policy():
         assert A.default_device() == torch.device("cpu")
 
 
+@pytest.mark.torchvision
 def test_ops_match_torchvision_where_installed():
-    v2 = pytest.importorskip("torchvision.transforms.v2.functional")
+    v2 = pytest.importorskip("torchvision.transforms.v2.functional", reason="needs torchvision (make test: .venv-tv)")
     x = photos(3).float() / 255
     factors = torch.tensor([0.6, 1.0, 1.4])
     for i, f in enumerate(factors.tolist()):

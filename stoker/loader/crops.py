@@ -23,8 +23,11 @@ class CropSpec:
     ``random_resized``: torchvision's RandomResizedCrop (``scale``, ``ratio``);
     ``center``: the central ``center_fraction`` of the short side at the output's aspect, as
     Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched. These two
-    are resampled from torchvision's exact (fractional) box with Pillow's antialiased bilinear
-    filter, as torchvision's PIL path does; ``random_resized`` bilinearly with OpenCV (faster).
+    are resampled with OpenCV, each image decoded at the smallest DCT scale its crop allows; with
+    ``exact`` (what a translated torchvision Resize gets) instead as torchvision's PIL path does:
+    decoded whole with Pillow's IDCT and upsampling, torchvision's fractional box resampled with
+    Pillow's antialiased bilinear filter (within 1/255 of ImageFolder + Resize + CenterCrop; slower
+    for large images).
     ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
     """
 
@@ -34,6 +37,7 @@ class CropSpec:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     center_fraction: float = 0.875
     flip: bool | float = True
+    exact: bool = False
 
     @property
     def flip_p(self) -> float:

@@ -38,21 +38,19 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         if colorspace in _RGB_COLORSPACES:
             box = crop_box(spec, height, width, tries)
-            if box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
+            if not spec.exact and box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
                 # the whole image at its own size (video frames passed through): decode into place;
                 # measured here, 240 instead of 370 us per 320x240 frame (no resize that only copies)
                 simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=out)
                 if flip:
                     cv2.flip(out, 1, dst=out)
                 return
+            buffer = thread_buffer("decode", height * width * 3)
+            if spec.exact:  # Pillow's IDCT and upsampling (no fast modes), the whole image
+                _resample_exact(simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buffer), spec, flip, out)
+                return
             scale = _dct_scale(spec, box)
             scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
-            buffer = thread_buffer("decode", height * width * 3)
-            if spec.kind != "random_resized":  # deterministic: Pillow's IDCT and upsampling (no fast modes)
-                image = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=scaled[0], min_width=scaled[1],
-                                               buffer=buffer)
-                _resample_exact(image, (height, width), spec, flip, out)
-                return
             if decode_region is not None:
                 image, origin = _decode_region(data, height, width, box, scale, buffer)
             else:
@@ -62,36 +60,28 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
             _crop_resize(image, origin, scaled, (height, width), box, flip, out)
             return
     with Image.open(io.BytesIO(data)) as pil:
+        if spec.exact:
+            _resample_exact(np.asarray(pil.convert("RGB")), spec, flip, out)
+            return
         width, height = pil.size
         box = crop_box(spec, height, width, tries)
         scale = _dct_scale(spec, box)
         pil.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))  # JPEG only: reduced DCT scale
         image = np.asarray(pil.convert("RGB"))
-    if spec.kind != "random_resized":
-        _resample_exact(image, (height, width), spec, flip, out)
-        return
     _crop_resize(image, (0, 0), image.shape[:2], (height, width), box, flip, out)
 
 
-def _resample_exact(image: np.ndarray, size: tuple[int, int], spec: CropSpec, flip: bool, out: np.ndarray) -> None:
-    """Resample torchvision's fractional box of a deterministic crop from ``image`` (the whole image
-    of ``size``, decoded at that or a reduced scale) into ``out`` with Pillow's antialiased bilinear
-    filter, as torchvision's PIL path does: measured on the sample photos, within 1/255 of it where
-    the image is decoded the same way (OpenCV's bilinear on a whole-pixel box was ~6/255 off)."""
-    top, left, ch, cw = exact_box(spec, *size)
-    sy, sx = image.shape[0] / size[0], image.shape[1] / size[1]
+def _resample_exact(image: np.ndarray, spec: CropSpec, flip: bool, out: np.ndarray) -> None:
+    """Resample torchvision's fractional box of ``spec`` from the whole decoded ``image`` into ``out``
+    with Pillow's antialiased bilinear filter, as torchvision's PIL path does (``CropSpec.exact``).
+    Measured on the sample photos: within 1/255 of it (OpenCV's bilinear on a whole-pixel box was
+    ~6/255 off; a decode at 1/2 or 1/4 DCT scale 0.2-2.8/255, more the more the image shrinks)."""
+    top, left, ch, cw = exact_box(spec, image.shape[0], image.shape[1])
     pil = Image.frombuffer("RGB", (image.shape[1], image.shape[0]), image, "raw", "RGB", image.strides[0], 1)
-    resized = pil.resize((out.shape[1], out.shape[0]), Image.Resampling.BILINEAR,
-                         box=(left * sx, top * sy, (left + cw) * sx, (top + ch) * sy))
-    out[...] = np.asarray(resized)
+    out[...] = np.asarray(pil.resize((out.shape[1], out.shape[0]), Image.Resampling.BILINEAR,
+                                     box=(left, top, left + cw, top + ch)))
     if flip:
         cv2.flip(out, 1, dst=out)
-
-
-def crop_into(image: np.ndarray, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
-    """Crop an already decoded (H, W, 3) ``image`` as ``spec`` and ``tries`` say into ``out``, as :func:`decode_into`."""
-    box = crop_box(spec, image.shape[0], image.shape[1], tries)
-    _crop_resize(image, (0, 0), image.shape[:2], image.shape[:2], box, flip, out)
 
 
 def _dct_scale(spec: CropSpec, box: tuple[int, int, int, int]) -> int:

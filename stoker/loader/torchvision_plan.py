@@ -199,13 +199,14 @@ def _leading_geometry(transforms: list[Any]) -> tuple[int, CropSpec | None, list
             if _pair(t.size) is None:
                 short = int(t.size if isinstance(t.size, int) else list(t.size)[0])
             else:
-                spec = CropSpec("resize", _pair(t.size))
+                spec = CropSpec("resize", _pair(t.size), exact=True)
             why = _resampling_note(t)
         elif kind == "CenterCrop" and short is not None and spec is None:
             size = _pair(t.size) or (int(t.size), int(t.size))
             if max(size) > short:
                 break  # torchvision pads a crop larger than the resized image: not fused
-            spec, why = CropSpec("center", size, center_fraction=min(size) / short), "the central crop of the resized image"
+            spec = CropSpec("center", size, center_fraction=min(size) / short, exact=True)
+            why = "the central crop of the resized image"
         else:
             break
         steps.append(Step(_name(t), "decode", why))
@@ -217,7 +218,10 @@ def _leading_geometry(transforms: list[Any]) -> tuple[int, CropSpec | None, list
 
 def _resampling_note(transform: Any) -> str:
     mode = _interpolation(transform)
-    how = "decoded at the smallest JPEG DCT scale the crop allows, then resized bilinearly (area when shrinking >2x)"
+    if _kind(transform) == "Resize":
+        how = "decoded whole, torchvision's box resampled with Pillow's antialiased bilinear filter, as its PIL path"
+    else:
+        how = "decoded at the smallest JPEG DCT scale the crop allows, then resized bilinearly (area when shrinking >2x)"
     if mode != "bilinear":
         how += f"; {mode} interpolation is approximated by that"
     if getattr(transform, "antialias", True) is False:
