@@ -158,7 +158,7 @@ def _bench_loader(args: argparse.Namespace) -> int:
 
     peers = dict(peer.split("=", 1) for peer in args.peer)
     print(bench_loader(args.data, count=args.count, images=args.images, peers=peers, only=args.only,
-                       repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force))
+                       repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force, transform=args.transform))
     return 0
 
 
@@ -255,6 +255,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cold", action="store_true", help="evict the data from the page cache before every run, "
                    "and add a disk row: the shards read sequentially")
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
+    p.add_argument("--transform", choices=["standard"], help="standard: torchvision's training and validation "
+                   "pipelines through a DataLoader, stoker.Loader(transform=) and CropSpec + stoker.augment by hand "
+                   "(needs torchvision; --only train-dataloader,train-transform,train-hand,val-...)")
     p.set_defaults(run=_bench_loader)
     return parser
 

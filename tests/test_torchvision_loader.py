@@ -237,3 +237,16 @@ def test_loader_for_an_image_folder_takes_its_root_and_transform(photos, tmp_pat
     assert loader.dataset.classes == folder.classes and len(loader.dataset) == len(folder)
     with pytest.raises(ValueError, match="two transforms"):
         stoker.loader_for(folder, train(T), pack_dir=tmp_path / "pack", progress=False)
+
+
+def test_bench_loader_transform_standard_runs_end_to_end(tmp_path, capsys):
+    from stoker.cli import main
+
+    status = main(["bench", "loader", "--transform", "standard", "--data", str(tmp_path), "--count", "24", "--batch", "8",
+                   "--repeat", "1", "--only", "val-dataloader,val-transform", "--force"])
+    out = capsys.readouterr().out
+    assert status == 0
+    for name in ("val: DataLoader + torchvision, ", "val: stoker.Loader(transform=the Compose)"):
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        assert all(float(v) > 0 for v in line.split()[-5:-1]), line
+    assert "val: Loader(transform=) / DataLoader: " in out
