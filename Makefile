@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with python3 and make:
-#   make demo   generate sample photos, pack them, read them back, compare loose files with shards
-#   make test   run the test suite
+#   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
+#   make test   run the test suite (the torchvision tests in .venv-tv)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -26,8 +26,8 @@ $(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
 	$(TV_BIN)/pip install --quiet -e '.[test]'
 	touch $(TV_STAMP)
 
-demo: $(STAMP)
-	$(BIN)/python examples/demo.py --out demo-data
+demo: $(TV_STAMP)
+	$(TV_BIN)/python examples/demo.py --out demo-data
 
 test: $(STAMP) $(TV_STAMP)
 	$(BIN)/ruff check .
