@@ -250,3 +250,29 @@ def test_bench_loader_transform_standard_runs_end_to_end(tmp_path, capsys):
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert all(float(v) > 0 for v in line.split()[-5:-1]), line
     assert "val: Loader(transform=) / DataLoader: " in out
+
+
+def test_the_training_example_resumes_where_it_stopped(photos, tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "examples" / "train_imagefolder.py"
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def run(checkpoint, *options):
+        done = subprocess.run([sys.executable, str(script), str(photos), "--batch-size", "16", "--size", "32", "--width", "4",
+                               "--epochs", "2", "--checkpoint", str(tmp_path / checkpoint), *options],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    run("whole.pt", "--max-steps", "8")  # 6 batches per epoch: into the second epoch
+    run("parts.pt", "--max-steps", "5")
+    assert "resumed at step 5, epoch 0" in run("parts.pt", "--max-steps", "8", "--resume")
+    whole, parts = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "parts.pt")
+    assert whole["step"] == parts["step"] == 8 and whole["loader"] == parts["loader"]
+    for name, value in whole["model"].items():  # the same batches in the same order: the same weights
+        assert torch.allclose(value.float(), parts["model"][name].float(), atol=1e-5), name
+    run("torch.pt", "--loader", "torch", "--workers", "1", "--max-steps", "3")
+    out = run("torch.pt", "--loader", "torch", "--workers", "1", "--max-steps", "5", "--resume")
+    assert "resumed at step 3, epoch 0" in out and torch.load(tmp_path / "torch.pt")["loader"]["samples_done"] == 5 * 16
