@@ -22,10 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+
+def pop_option(name: str) -> str:
+    """Take a reader's own ``name VALUE`` out of the command line (before :func:`parse_args`); VALUE."""
+    at = sys.argv.index(name)
+    value = sys.argv[at + 1]
+    del sys.argv[at : at + 2]
+    return value
 
 
 def parse_args(description: str) -> argparse.Namespace:

@@ -11,8 +11,6 @@ Needs torchvision (run the benchmark with a Python that has it, e.g. .venv-tv/bi
 
 from __future__ import annotations
 
-import sys
-
 import _epochs
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
@@ -46,8 +44,7 @@ class _ByHand:
 
 
 def main() -> None:
-    via = sys.argv.pop(sys.argv.index("--via") + 1)
-    sys.argv.remove("--via")
+    via = _epochs.pop_option("--via")
     args = _epochs.parse_args(__doc__)
     if args.action == "prepare":
         return
