@@ -71,6 +71,12 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
     _crop_resize(image, (0, 0), image.shape[:2], (height, width), box, flip, out)
 
 
+def crop_into(image: np.ndarray, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray) -> None:
+    """Crop an already decoded (H, W, 3) ``image`` as ``spec`` and ``tries`` say into ``out``, as :func:`decode_into`."""
+    box = crop_box(spec, image.shape[0], image.shape[1], tries)
+    _crop_resize(image, (0, 0), image.shape[:2], image.shape[:2], box, flip, out)
+
+
 def _resample_exact(image: np.ndarray, spec: CropSpec, flip: bool, out: np.ndarray) -> None:
     """Resample torchvision's fractional box of ``spec`` from the whole decoded ``image`` into ``out``
     with Pillow's antialiased bilinear filter, as torchvision's PIL path does (``CropSpec.exact``).
