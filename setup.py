@@ -1,14 +1,20 @@
 """Build the optional C extension; project metadata lives in pyproject.toml.
 
-stoker.loader._jpeg_region (region-of-interest JPEG decode) links libjpeg(-turbo). Where its headers
-are missing (no libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns
-and stoker installs without it; the loader then decodes whole images with simplejpeg.
+stoker.loader._jpeg_region (region-of-interest JPEG decode) and stoker.pack._jpeg_restart (lossless
+transcode for `stoker pack --restart-rows`) link libjpeg(-turbo). Where its headers are missing (no
+libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns and stoker
+installs without them; the Loader then decodes whole images with simplejpeg and warns once (`stoker
+env` lists it), and --restart-rows is refused. `make wheel` builds a wheel that carries libjpeg-turbo
+(auditwheel repair).
 """
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"], optional=True),
+        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"],
+                  depends=["stoker/_jpeg_strict.h"], optional=True),
+        Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
+                  depends=["stoker/_jpeg_strict.h"], optional=True),
     ],
 )

@@ -32,6 +32,7 @@ _EXPORTS = {
     "echo": "stoker.echo",
     "CorruptDataError": "stoker.errors",
     "FormatError": "stoker.errors",
+    "OptionError": "stoker.errors",
     "PackError": "stoker.errors",
     "StokerError": "stoker.errors",
     "CropSpec": "stoker.loader",
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from stoker.data.sampler import QuasiRandomSampler
     from stoker.doctor import DoctorReport, doctor, watch
     from stoker.echo import EchoStats, echo
-    from stoker.errors import CorruptDataError, FormatError, PackError, StokerError
+    from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
     from stoker.loader import CropSpec, Loader, loader_for
     from stoker.pack import PackResult, pack
     from stoker.video import VideoClipDataset
@@ -92,6 +93,7 @@ __all__ = [
     "EchoStats",
     "FormatError",
     "Loader",
+    "OptionError",
     "PackError",
     "PackResult",
     "QuasiRandomSampler",

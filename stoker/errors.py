@@ -29,6 +29,11 @@ class CorruptDataError(StokerError):
         return type(self), (self.shard, self.key, self.reason)
 
 
+class OptionError(StokerError, ValueError):
+    """An option or argument is out of its range, or applies only to another mode; raised before
+    any work starts. The message names the option and what it accepts."""
+
+
 class PackError(StokerError):
     """Packing stopped: a bad input under ``strict``, an unwritable destination or a full disk."""
 

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from stoker.errors import StokerError
+from stoker.ranges import SAMPLE_CLASSES, SAMPLE_COUNT, SAMPLE_SEED
 
 # skimage.data photos whose files are bundled in the wheel, most distinct first (the default
 # 10 classes use the first 10). Grayscale ones become RGB.
@@ -138,8 +139,9 @@ def make_sample_photos(
     StokerError rather than mix sample sets when dst holds other JPEGs, or files made with
     another seed or quality (one existing file is regenerated and compared).
     """
-    if count < 0 or num_classes < 1 or seed < 0:
-        raise StokerError(f"need count >= 0, num_classes >= 1, seed >= 0 (got {count}, {num_classes}, {seed})")
+    SAMPLE_COUNT.check(count)
+    SAMPLE_CLASSES.check(num_classes)
+    SAMPLE_SEED.check(seed)
     data = _import_skimage_data()
     dst = pathlib.Path(dst)
     class_width = max(2, len(str(num_classes - 1)))

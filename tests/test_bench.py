@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from stoker.bench.loader import Reader, Row, refuse_if_busy, report
+from stoker.bench.loader import Reader, Row, refuse_if_busy, report, restart_readers
 from stoker.bench.measure import CommandFailed, measure
+from stoker.bench.pack_rate import measure_packs, pack_report
 from stoker.cli import main
 
 # A parent that allocates 60 MB and a child that allocates 40 MB, both touched, then reports.
@@ -42,19 +43,39 @@ def test_report_states_the_ratios_the_targets_use():
 
     text = report([row("stoker", "stoker.Loader", 2000, 200), row("limit", "limit: 2 threads", 2500, 100),
                    row("loose2", "DataLoader, loose files + Pillow, 2 workers", 1000, 500),
-                   row("ffcv", "peer: ffcv", 1500, 300)], cores=2)
+                   row("ffcv", "peer: ffcv", 1500, 300),
+                   row("stoker-noext", "stoker.Loader, no region decode (simplejpeg)", 1750, 200)], cores=2)
     assert "2.00x (target >= 1.8x); peak PSS 40% of it" in text
     assert "stoker.Loader / ffcv: 1.33x" in text
     assert "stoker.Loader / limit: 80%" in text
+    assert "stoker.Loader without / with its region-decode extension: 88%" in text
+
+
+def test_restart_rows_rows_are_compared_with_the_limit_and_the_byte_exact_pack(photos, tmp_path):
+    def row(reader, warm):
+        r = Row(reader)
+        r.first_epoch, r.warm_epoch, r.cpu_per_1000, r.peak_pss_mb, r.first_batch = [warm], [warm], [1.0], [300], [0.3]
+        return r
+
+    rst, rst160 = restart_readers(tmp_path)
+    text = report([row(Reader("stoker", "stoker.Loader", "x.py"), 2000), row(Reader("limit", "limit: 2", "x.py"), 2500),
+                   row(rst, 3000), row(rst160, 3750)], cores=2)
+    assert "stoker.Loader, --restart-rows pack / limit: 1.20x (target >= 1.25x)" in text
+    assert "stoker.Loader, --restart-rows pack / the same on the byte-exact pack: 1.50x (target >= 1.15x)" in text
+    assert "stoker.Loader, 160 px, --restart-rows pack / limit: 1.50x (target >= 1.4x)" in text
+    packs = measure_packs(photos, tmp_path / "packs", workers=2, repeat=1, cold=True)
+    assert [len(p.rates) for p in packs] == [1, 1] and all(p.rates[0] > 0 for p in packs)
+    assert 1.0 < packs[1].sizes[0] / packs[0].sizes[0] <= 1.02 and not (tmp_path / "packs" / "exact").exists()
+    assert "pack --restart-rows / byte-exact: rate " in pack_report(packs, 2)
 
 
 def test_bench_loader_runs_end_to_end_on_a_cold_cache(tmp_path, capsys):
     status = main(["bench", "loader", "--data", str(tmp_path), "--count", "48", "--batch", "16", "--repeat", "1",
-                   "--only", "stoker,loose0", "--cold", "--force"])
+                   "--only", "stoker,stoker-noext,loose0", "--cold", "--force"])
     out = capsys.readouterr().out
     assert status == 0
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
-    for name in ("stoker.Loader", "DataLoader, loose files + Pillow, 0 workers"):
+    for name in ("stoker.Loader", "stoker.Loader, no region decode (simplejpeg)", "DataLoader, loose files + Pillow, 0 workers"):
         values = lines[name].split()[-5:]
         assert all(float(v) > 0 for v in values), lines[name]
     disk = lines["disk: shards read sequentially (cat)"].split()[-5:]

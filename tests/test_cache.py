@@ -16,7 +16,7 @@ import pytest
 import torch.utils.data
 
 import stoker
-from stoker.errors import CorruptDataError, RemoteError
+from stoker.errors import RemoteError
 from stoker.format import file_checksum, read_manifest
 from stoker.storage.cache import ShardCache
 from stoker.storage.locks import exclusive, is_locked
@@ -259,19 +259,21 @@ def test_a_killed_fetcher_leaves_nothing_that_blocks_the_next_run(packed, tmp_pa
     assert file_checksum(cache.path(0)) == cache.shards[0].checksum
 
 
-def test_a_server_stopped_mid_epoch_gives_retries_then_a_clear_error(packed, tmp_path, caplog):
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_server_stopped_mid_epoch_gives_retries_then_a_clear_error(packed, tmp_path, caplog, cache):
+    """Transport errors are never damaged data: with on_error="skip" nothing is skipped past them."""
     server = S3Server(tmp_path / "requests.log")
     server.fs.mkdir("data")
     server.fs.put(str(packed) + "/", "data/packed", recursive=True)
-    dataset = stoker.ShardDataset("s3://data/packed", decode="raw", storage_options=server.options,
-                                  cache_dir=tmp_path / "cache")
+    dataset = stoker.ShardDataset("s3://data/packed", decode="raw", storage_options=server.options, on_error="skip",
+                                  cache_dir=tmp_path / "cache" if cache else None)
     assert dataset[0]
     server.stop()
     start = time.monotonic()
-    with pytest.raises(CorruptDataError, match=r"s3://data/packed/shard-\d+\.tar: failed after 6 attempts"):
+    with pytest.raises(RemoteError, match=r"s3://data/packed/shard-\d+\.tar: failed after 6 attempts"):
         dataset[len(dataset) - 1]
     assert time.monotonic() - start < 60
-    assert "retrying" in caplog.text
+    assert "retrying" in caplog.text and dataset.skipped == 0
 
 
 def test_bad_credentials_for_a_reader_are_a_clear_error(packed, tmp_path):

@@ -3,11 +3,14 @@ the report's schema, and bad input reported without stopping the examination."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -17,9 +20,12 @@ from PIL import Image, ImageFilter
 
 import stoker
 from stoker.doctor import doctor, write_html
-from stoker.doctor.report import SCHEMA_PATH
-from stoker.doctor.standard import RandomResizedCrop, ToUint8Tensor
+from stoker.doctor.compute_probe import probe_decode
+from stoker.doctor.contention import DiskWatch, block_device
+from stoker.doctor.report import SCHEMA_PATH, _decode_lines
+from stoker.doctor.standard import RandomHorizontalFlip, RandomResizedCrop, ToUint8Tensor
 from stoker.doctor.verdict import Figures, diagnose
+from stoker.storage import evict
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
 
@@ -57,7 +63,11 @@ def test_an_expensive_transform_is_named(photos):
     assert not report.stages[0].name.startswith("<")
     blur, crop, to_tensor = report.stages
     assert blur.per_core < crop.per_core and blur.per_core < to_tensor.per_core
-    assert report.verdict.remedies[0].predicted_images_per_s > report.verdict.delivered_images_per_s
+    numbered = [r for r in report.verdict.remedies[:-1] if r.predicted_images_per_s is not None]
+    assert all(r.predicted_images_per_s > report.verdict.delivered_images_per_s for r in numbered)
+    assert report.verdict.remedies[-1].name.startswith("data echoing")
+    # the Loader cannot take a transform that blurs before cropping: it is not proposed with a made-up rate
+    assert not any(r.name.startswith("pack, then stoker.Loader") for r in report.verdict.remedies)
     validate(report.to_dict())
 
 
@@ -106,6 +116,7 @@ def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
     assert report.storage.sequential_mb_per_s > 0
     assert report.storage.eviction_worked
     assert any(row.name.startswith("stoker.Loader") and row.images_per_s > 0 for row in report.loaders)
+    assert report.sample_pack.loader > 0 and report.sample_pack.images >= report.sample_pack.distinct
     validate(report.to_dict())
 
 
@@ -172,25 +183,35 @@ def test_html_of_a_report_object(photos, tmp_path):
 
 def figures(**changes) -> Figures:
     base = dict(source="/data/train", loose=True, cores=8, batch_size=256, size=224, step_time=0.1, storage_rate=150.0,
-                storage_concurrency=8, sequential_rate=2000.0, decode_per_core=600.0, jpeg_full_per_core=1200.0,
-                jpeg_share=1.0, transform_per_core=900.0, loader_rate=2500.0, loader_workers=8, stoker_loader_rate=None,
-                megapixels=0.19, dataset_bytes=140e9, available_ram_bytes=64e9)
+                storage_concurrency=8, sequential_rate=2000.0, decode_per_core=600.0, jpeg_share=1.0,
+                transform_per_core=900.0, loader_rate=2500.0, loader_workers=8, megapixels=0.19, dataset_bytes=140e9,
+                available_ram_bytes=64e9, mean_bytes=110e3, stoker_loader=3000.0)
     return Figures(**{**base, **changes})
+
+
+def evaluated(remedy) -> float:
+    """The remedy's formula worked out from its own inputs."""
+    expression = remedy.prediction.expression.replace("×", "*").replace("−", "-")
+    return eval(expression, {"min": min}, {k: v for k, (v, _) in remedy.prediction.inputs.items()})
 
 
 def test_verdict_rules_on_given_figures():
     storage = diagnose(figures())
     assert storage.bottleneck == "storage"
-    assert storage.remedies[0].name == "pack into shards"
-    assert storage.remedies[0].how.startswith("stoker pack /data/train /data/train-shards")
+    assert storage.remedies[0].name == "pack, then stoker.Loader"
+    assert storage.remedies[0].how.startswith("stoker pack /data/train /data/train-shards; then stoker.Loader(")
+    assert storage.remedies[0].predicted_images_per_s == 2000.0  # min(Q, L): the disk's sequential rate
     assert "8 at a time" in storage.reasons[0]
     assert storage.remedies[-1].name.startswith("data echoing")
     assert all("RAM" not in r.name for r in storage.remedies)  # 140 GB does not fit in 64 GB
     fits = diagnose(figures(dataset_bytes=10e9))
-    assert any("RAM" in r.name for r in fits.remedies)
-    decode = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, megapixels=2.0, step_time=0.05))
+    ram = next(r for r in fits.remedies if "RAM" in r.name)
+    assert "cache_dir=" in ram.how and ram.predicted_images_per_s == 3000.0
+    decode = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, megapixels=2.0, step_time=0.05,
+                              fused_per_core=300.0, fused_capped_per_core=900.0, capped_side=448, capped_bytes_share=0.25))
     assert decode.bottleneck == "decode"
-    assert any(r.name.startswith("cap the resolution") for r in decode.remedies)
+    capped = next(r for r in decode.remedies if r.name.startswith("cap the resolution"))
+    assert "--max-side 448" in capped.how and capped.predicted_images_per_s == 9000.0  # L x F1 / F0
     overhead = diagnose(figures(storage_rate=1e5, loader_rate=500.0, step_time=0.05))  # 17% of 2,880
     assert overhead.bottleneck == "loader overhead"
     none = diagnose(figures(storage_rate=1e5, step_time=1.0))
@@ -201,6 +222,50 @@ def test_verdict_rules_on_given_figures():
     assert not any("GPU" in r.name for r in png.remedies)  # GPU JPEG decoders cannot take PNGs
     quoted = diagnose(figures(source="/data/my train"))
     assert "'/data/my train'" in quoted.remedies[0].how
+    shared = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, disk_shared=True, dataset_bytes=1e9,
+                              step_time=0.05))
+    assert any("shared" in reason for reason in shared.reasons)
+    assert any("RAM" in r.name and "shared" in r.why for r in shared.remedies)
+
+
+def test_every_prediction_is_its_formula_over_measured_inputs():
+    cases = [figures(), figures(dataset_bytes=10e9, ssd_path="/nvme", ssd_copy_rate=900.0),
+             figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=700.0, loader_workers=2, step_time=0.05,
+                     megapixels=2.0, fused_per_core=300.0, fused_capped_per_core=900.0, capped_side=448,
+                     capped_bytes_share=0.25, stoker_loader_gpu=5000.0, stoker_loader_cold=2600.0),
+             figures(user_transform=True, stoker_loader_transform=1200.0, megapixels=2.0, fused_per_core=300.0,
+                     fused_capped_per_core=900.0, capped_side=448, capped_bytes_share=0.25, step_time=None)]
+    for case in cases:
+        for remedy in diagnose(case).remedies:
+            if remedy.predicted_images_per_s is None:
+                continue
+            assert remedy.predicted_images_per_s == pytest.approx(evaluated(remedy)), remedy
+            assert all(value is not None for value, _ in remedy.prediction.inputs.values()), remedy
+            assert remedy.to_dict()["formula"]["expression"] == remedy.prediction.expression
+
+
+def test_the_gpu_remedy_comes_from_a_gpu_measurement_and_echo_exists():
+    no_gpu = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, step_time=0.05))
+    gpu = next(r for r in no_gpu.remedies if "GPU" in r.name)
+    assert gpu.predicted_images_per_s is None and gpu.needs == "a GPU" and "decode='gpu'" in gpu.how
+    assert no_gpu.remedies.index(gpu) == len(no_gpu.remedies) - 2  # after every predicted remedy, before echo
+    measured = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, step_time=0.05,
+                                stoker_loader_gpu=4200.0))
+    gpu = next(r for r in measured.remedies if "GPU" in r.name)
+    assert gpu.predicted_images_per_s == 4200.0  # the GPU run's rate, not the storage's 100,000
+    assert set(gpu.prediction.inputs) == {"G", "Q"} and gpu.trial == "gpu"
+    echo = measured.remedies[-1]
+    assert "stoker.echo(loader)" in echo.how and "planned" not in echo.how + echo.why
+    assert echo.predicted_images_per_s == pytest.approx(min(256 / 0.05, 4 * measured.delivered_images_per_s))
+
+
+def test_a_user_transform_is_predicted_from_the_loader_running_it():
+    theirs = diagnose(figures(user_transform=True, stoker_loader_transform=1800.0))
+    loader = next(r for r in theirs.remedies if r.name.startswith("pack, then stoker.Loader"))
+    assert loader.name.endswith("with your transform") and "transform=train_transform" in loader.how
+    assert loader.predicted_images_per_s == 1800.0
+    untimed = diagnose(figures(user_transform=True, stoker_loader_transform=None))
+    assert not any(r.name.startswith("pack, then stoker.Loader") for r in untimed.remedies)
 
 
 def test_inputs_it_cannot_examine_get_a_clear_error(tmp_path):
@@ -249,3 +314,84 @@ def test_a_damaged_packed_sample_is_reported(packed, tmp_path):
     report = doctor(damaged, quick=True, workers=0)
     failures = [reason for s in (report.storage.cold, report.storage.cold_parallel) if s for _, reason in s.failures]
     assert any("checksum" in reason for reason in failures)
+
+
+class Sharpen:
+    """A per-sample stage after the crop (what the Loader runs on its threads)."""
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        return image.filter(ImageFilter.GaussianBlur(2))
+
+
+class CropThenSharpen:
+    """RandomResizedCrop + flip (the Loader's own crop), then a stage of the user's, then to a tensor."""
+
+    def __init__(self) -> None:
+        self.transforms = [RandomResizedCrop(224), RandomHorizontalFlip(), Sharpen(), ToUint8Tensor()]
+
+    def __call__(self, image):
+        for stage in self.transforms:
+            image = stage(image)
+        return image
+
+
+def test_decode_counts_and_shares_add_up(photos, odd_images):
+    blobs = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))[:24]]
+    odd = [p.read_bytes() for p in sorted(odd_images.rglob("*")) if p.is_file()]
+    names = [f"item {k}" for k in range(len(blobs) + len(odd) + 1)]
+    report, _, good = probe_decode(blobs + odd + [b"not an image"], names, 224, 5.0)
+    assert report.images == len(good) == len(blobs) + len(odd) == sum(report.formats.values())
+    jpegs = sum(1 for b in blobs + odd if b[:2] == b"\xff\xd8")
+    assert report.formats["JPEG"] == jpegs and report.jpeg_share == pytest.approx(jpegs / report.images)
+    assert 0 < report.jpeg_share < 1 and report.to_dict()["jpeg_share"] <= 1
+    lines = "\n".join(_decode_lines(report))
+    assert f"{report.images} images: JPEG {jpegs} ({jpegs / report.images:.0%})" in lines
+    assert all(int(share) <= 100 for share in re.findall(r"\((\d+)%\)", lines))
+    assert [name for name, _ in report.failures] == [names[-1]]
+
+
+def test_the_fused_decode_row_measures_what_the_loader_does(photos):
+    """Large photos: the Loader decodes each crop at a reduced DCT scale, so it beats a full decode
+    (the old probe asked for odd scales of the whole image and read slower than full)."""
+    blobs = []
+    for path in sorted(photos.rglob("*.jpg"))[:12]:
+        out = io.BytesIO()
+        Image.open(path).convert("RGB").resize((2000, 1500)).save(out, "JPEG", quality=90)
+        blobs.append(out.getvalue())
+    report, _, _ = probe_decode(blobs, [str(k) for k in range(len(blobs))], 224, 6.0)
+    assert report.fused_per_core > report.jpeg_full_per_core
+    assert report.capped_side == 448 and report.fused_capped_per_core and report.capped_bytes_share < 0.5
+
+
+@pytest.mark.skipif(block_device(tempfile.gettempdir()) is None, reason="the temporary folder has no block device")
+def test_other_readers_of_the_disk_are_seen(tmp_path):
+    theirs, ours = tmp_path / "theirs.bin", tmp_path / "ours.bin"
+    for path in (theirs, ours):
+        path.write_bytes(os.urandom(24 << 20))
+    evict([theirs, ours])
+    watch = DiskWatch(tmp_path).start()
+    ours.read_bytes()
+    other = subprocess.Popen(["cat", str(theirs)], stdout=subprocess.DEVNULL)  # another process, same disk
+    os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOWAIT)  # done, not yet reaped: reaped, its reads would be ours
+    seen = watch.stop()
+    other.wait()
+    if seen.own_bytes == 0:
+        pytest.skip("eviction does not work here")
+    assert seen.own_bytes >= 20 << 20 and seen.other_bytes >= 20 << 20
+    assert seen.shared and "shared" in seen.describe()
+    assert seen.to_dict()["device"] == block_device(tmp_path)
+
+
+def test_prove_runs_the_top_remedies_with_a_users_transform(photos):
+    report = doctor(photos, transform=CropThenSharpen(), step_time=0.01, batch_size=32, quick=True, prove=True)
+    validate(report.to_dict())
+    pack = report.sample_pack
+    assert pack.loader_transform > 0 and pack.distinct > 0
+    loader = next(r for r in report.verdict.remedies if r.name.startswith("pack, then stoker.Loader"))
+    assert loader.name.endswith("with your transform") and "Lt" in loader.prediction.inputs
+    assert loader.prediction.inputs["Lt"][0] == pack.loader_transform
+    assert 1 <= len(report.proof) <= 2
+    for proof in report.proof:
+        assert proof.measured > 0 and proof.seconds > 0 and proof.expected <= 32 / 0.01
+    assert "Proof: the top remedies run on the sample" in report.to_text()
+    assert not list(Path(tempfile.gettempdir()).glob("stoker-doctor-*"))  # the sample pack is removed

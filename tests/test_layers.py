@@ -1,6 +1,7 @@
 """The import graph is layered: no module imports itself back through others, no subpackage
 imports back a subpackage that depends on it, and nothing inside stoker imports the package root
-(which only re-exports the public API), except scripts that use it as a user does. Checked on the source, function-level imports included."""
+(which only re-exports the public API), except scripts that use it as a user does. Checked on the
+source, function-level imports included."""
 
 from __future__ import annotations
 

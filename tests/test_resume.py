@@ -30,19 +30,35 @@ def wait_for(condition, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+# Holds a write lease on a file (fcntl F_SETLEASE): the kernel then makes any other process's open()
+# of it wait until the lease is let go (or lease-break-time, 45 s by default, has passed).
+_HOLD_LEASE = """
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's notice that someone waits to open the file
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
 class BlockedPack:
-    """`stoker pack` in a subprocess over a copy of the photos where photo ``position`` is a FIFO:
-    the packer blocks reading it, deterministically mid-way, with earlier shards finished and a
-    later one half written. :meth:`unblock` puts the real photo back for the rerun."""
+    """`stoker pack` in a subprocess over a copy of the photos where photo ``position`` cannot be
+    opened yet (another process holds a file lease on it): the packer blocks opening it,
+    deterministically mid-way, with earlier shards finished and a later one half written.
+    :meth:`unblock` lets go of the lease; the photo is a real one all along, so the listing and
+    the plan do not change. (A FIFO did this before; stoker now refuses FIFOs without opening them.)"""
 
     def __init__(self, photos: Path, tmp_path: Path, position: int, workers: int, *options: str,
                  dst: str | None = None, env: dict[str, str] | None = None) -> None:
         self.src, self.dst = tmp_path / "src", dst or tmp_path / "dst"
         shutil.copytree(photos, self.src)
         self.blocker = sorted(self.src.rglob("*.jpg"))[position]
-        self.original = self.blocker.read_bytes()
-        self.blocker.unlink()
-        os.mkfifo(self.blocker)
+        self.holder = subprocess.Popen([sys.executable, "-c", _HOLD_LEASE, str(self.blocker)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self.holder.stdout.readline().strip() != "held":
+            self.holder.wait()
+            pytest.skip(f"no file leases here: {self.holder.stderr.read().strip().splitlines()[-1:]}")
         self.process = subprocess.Popen([sys.executable, "-m", "stoker.cli", "pack", str(self.src), str(self.dst),
                                          "--shard-size", "600000", "--workers", str(workers), "--quiet", *options],
                                         start_new_session=True, env=env)
@@ -55,8 +71,8 @@ class BlockedPack:
         self.process.wait(timeout=10)
 
     def unblock(self) -> None:
-        self.blocker.unlink()
-        self.blocker.write_bytes(self.original)
+        self.holder.stdin.close()
+        self.holder.wait(timeout=10)
 
 
 def test_sigkill_mid_pack_then_resume(photos, tmp_path):
@@ -119,7 +135,7 @@ def test_killing_only_the_main_process_stops_its_workers(photos, tmp_path):
         wait_for(lambda: list(run.dst.glob(".shard-*.tmp")))
     finally:
         run.kill(whole_group=False)
-    # A worker is still blocked on the FIFO and holds the lock; it must exit by itself, and the
+    # A worker is still blocked opening the photo and holds the pack lock; it must exit by itself, and the
     # rerun waits for it rather than racing it.
     run.unblock()
     result = stoker.pack(run.src, run.dst, shard_bytes=600_000, workers=2, progress=False)

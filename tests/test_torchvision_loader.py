@@ -189,6 +189,18 @@ def test_the_same_batches_whatever_the_thread_count(packed):
     assert not torch.equal(one[0], other)
 
 
+def test_float_batches_come_from_the_ring_and_a_held_one_is_never_overwritten(packed):
+    dataset = stoker.ShardDataset(packed)
+    reference = [b.clone() for b, _ in stoker.Loader(dataset, 16, transform=train(T, 32), seed=1)]
+    loader = stoker.Loader(dataset, 16, transform=train(T, 32), seed=1, prefetch=2)
+    addresses = {images.data_ptr() for images, _ in loader}  # let go of each batch: buffers come back
+    assert len(addresses) <= loader.prefetch + 1
+    loader.set_epoch(0)
+    kept = [images for images, _ in loader]
+    assert len({images.data_ptr() for images in kept}) == len(kept)
+    assert all(torch.equal(a, b) for a, b in zip(kept, reference, strict=True))
+
+
 def test_the_per_sample_rest_gets_what_the_dataloader_would_give_it(photos, packed):
     seen = set()
 

@@ -65,7 +65,10 @@ class Augment:
     frames share them), with that op's probability ``p``. Geometric ops (crops, flips, rotation,
     affine) may come in any order, but all before the photometric ones; they cost one sampling
     pass together. The same ``seed`` gives the same outputs for the same batches in the same
-    order (each call advances; ``seed=None`` draws fresh randomness).
+    order (each call advances; ``seed=None`` draws fresh randomness). Like stoker's readers it
+    has ``set_epoch``, ``state_dict`` and ``load_state_dict`` (see :mod:`stoker.state`): the
+    parameters come from (seed, epoch, call number), so a resumed run draws what an uninterrupted
+    one would have.
 
     ``device``: where to compute (default: :func:`default_device`, the GPU of this rank under
     torchrun); a uint8 input moves there as uint8, four times fewer bytes than float32.
@@ -99,7 +102,7 @@ class Augment:
             raise ValueError(f"backend must be torch, or opencv on the CPU; got {backend!r} on {self.device}")
         self.threads = threads or torch.get_num_threads() or os.cpu_count() or 1
         self.channels_last, self.layout = channels_last, layout
-        self.seed, self._calls = seed, 0
+        self.seed, self.epoch, self._calls = seed, 0, 0
         self._pool: ThreadPoolExecutor | None = None
 
     def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], out: torch.Tensor | None = None, *,
@@ -145,7 +148,7 @@ class Augment:
         their own images with them, in any order, and get what ``__call__`` gives."""
         if step is None:
             step, self._calls = self._calls, self._calls + 1
-        rng = np.random.default_rng(None if self.seed is None else [self.seed, step])
+        rng = np.random.default_rng(None if self.seed is None else [self.seed, self.epoch, step])
         maps, out_sizes = self._maps(rng, sizes)
         if len(set(out_sizes[0].tolist())) > 1 or len(set(out_sizes[1].tolist())) > 1:
             raise ValueError("images of different sizes need a RandomResizedCrop, CenterCrop or Resize op "
@@ -163,6 +166,20 @@ class Augment:
     def __getstate__(self) -> dict:
         """Picklable (a loader's worker processes get a copy): the thread pool stays behind."""
         return self.__dict__ | {"_pool": None}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the parameters of ``epoch`` from its own stream, counting calls from 0 (kept where a
+        loaded state is, when ``epoch`` is already the current one, as stoker's readers do)."""
+        if epoch != self.epoch:
+            self.epoch, self._calls = epoch, 0
+
+    def state_dict(self) -> dict[str, int | None]:
+        """Seed, epoch and calls so far: what the next call's parameters are drawn from."""
+        return {"seed": self.seed, "epoch": self.epoch, "calls": self._calls}
+
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        """Continue from a :meth:`state_dict`: the next call draws what it would have drawn then."""
+        self.seed, self.epoch, self._calls = state["seed"], int(state["epoch"] or 0), int(state["calls"] or 0)
 
     def _images(self, images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor | list[torch.Tensor], int, int]:
         """The input as (C, H, W) images (a (n, C, H, W) view of a batch, or a list), the number of

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.bench.measure import CommandFailed, busy_cores, measure
+from stoker.ranges import BENCH_BATCH, BENCH_COUNT, BENCH_REPEAT
 from stoker.storage import evict
 
 READERS = Path(__file__).parent / "readers"
 PEERS = ("ffcv", "dali", "webdataset", "streaming", "litdata", "spdl")
+_RESTART = "stoker.Loader, --restart-rows pack"
+_RESTART_160 = "stoker.Loader, 160 px, --restart-rows pack"
 # Another process using more than this many cores makes the figures meaningless.
 MAX_BUSY_CORES = 0.25
 
@@ -37,6 +40,7 @@ class Reader:
     args: tuple[str, ...] = ()
     workers: int = os.cpu_count() or 1
     size: int = 224
+    shards: Path | None = None  # another pack of the same photos than the default one
 
 
 @dataclass
@@ -57,10 +61,12 @@ class Row:
 
 
 def default_readers(peers: dict[str, str], cores: int) -> list[Reader]:
-    """stoker.Loader (224 and 160 px), the decode-only limit, DataLoader over loose files (0..cores
-    workers) and over ShardDataset (1..cores), and each peer in ``peers`` (name -> its Python)."""
+    """stoker.Loader (224 and 160 px, and without its region-decode extension), the decode-only limit,
+    DataLoader over loose files (0..cores workers) and over ShardDataset (1..cores), and each peer in
+    ``peers`` (name -> its Python)."""
     readers = [Reader("stoker", "stoker.Loader", "stoker_loader.py"),
                Reader("stoker160", "stoker.Loader, 160 px", "stoker_loader.py", size=160),
+               Reader("stoker-noext", "stoker.Loader, no region decode (simplejpeg)", "stoker_loader_noext.py"),
                Reader("limit", f"limit: {cores} threads of simplejpeg decode only", "limit.py")]
     readers += [Reader(f"loose{w}", f"DataLoader, loose files + Pillow, {w} workers", "dataloader.py",
                        args=("--source", "loose"), workers=w) for w in range(cores + 1)]
@@ -94,6 +100,12 @@ def report_standard(rows: list[Row]) -> str:
                      if a in warm and b in warm)
 
 
+def restart_readers(shards: Path) -> list[Reader]:
+    """stoker.Loader at 224 and 160 px on ``shards``, the photos packed with ``--restart-rows``."""
+    return [Reader("rst", _RESTART, "stoker_loader.py", shards=shards),
+            Reader("rst160", _RESTART_160, "stoker_loader.py", size=160, shards=shards)]
+
+
 def run_readers(readers: list[Reader], photos: Path, shards: Path, work: Path, *, batch: int = 256, repeat: int = 3,
                 cold: bool = False, log=print) -> list[Row]:
     """Prepare every reader once, then run each ``repeat`` times, interleaved (A, B, ..., A, B, ...),
@@ -110,7 +122,7 @@ def run_readers(readers: list[Reader], photos: Path, shards: Path, work: Path, *
             if row.error:
                 continue
             if cold:
-                evict(_files([photos, shards, _work(work, row.reader)]))
+                evict(_files([photos, row.reader.shards or shards, _work(work, row.reader)]))
             try:
                 result = measure(_command(row.reader, "run", photos, shards, work, batch))
             except (CommandFailed, OSError) as e:
@@ -156,6 +168,7 @@ def report(rows: list[Row], cores: int, floor_mb: float | None = None) -> str:
     measured = {row.reader.name: row for row in rows if not row.error}
     stoker, small = measured.get("stoker.Loader"), measured.get("stoker.Loader, 160 px")
     limit = next((r for n, r in measured.items() if n.startswith("limit")), None)
+    lines += _restart_ratios(measured, stoker, limit)
     loose = [r for n, r in measured.items() if n.startswith("DataLoader, loose")]
     if stoker is None:
         return "\n".join(lines)
@@ -184,13 +197,34 @@ def report(rows: list[Row], cores: int, floor_mb: float | None = None) -> str:
         bound = min(ours, disk.median("first_epoch"))
         lines.append(f"stoker.Loader cold first epoch: {stoker.median('first_epoch') / bound:.0%} of the lesser of its "
                      f"warm rate and the disk's sequential rate ({bound:.0f} img/s; target >= 90%)")
+    fallback = measured.get("stoker.Loader, no region decode (simplejpeg)")
+    if fallback is not None:
+        lines.append(f"stoker.Loader without / with its region-decode extension: "
+                     f"{fallback.median('warm_epoch') / ours:.0%}")
     lines.append(f"stoker.Loader time to first batch, fresh process: {stoker.median('first_batch'):.2f} s (target < 0.5 s)")
     return "\n".join(lines)
 
 
+def _restart_ratios(measured: dict[str, Row], stoker: Row | None, limit: Row | None) -> list[str]:
+    """What the --restart-rows targets compare: the Loader on that pack against the limit row and
+    against itself on the byte-exact pack, warm epochs."""
+    lines = []
+    for name, exact, target_limit, target_exact in ((_RESTART, stoker, 1.25, 1.15), (_RESTART_160, None, 1.4, None)):
+        row = measured.get(name)
+        if row is None:
+            continue
+        rate = row.median("warm_epoch")
+        if limit is not None:
+            lines.append(f"{name} / limit: {rate / limit.median('warm_epoch'):.2f}x (target >= {target_limit}x)")
+        if exact is not None:
+            lines.append(f"{name} / the same on the byte-exact pack: {rate / exact.median('warm_epoch'):.2f}x "
+                         f"(target >= {target_exact}x)")
+    return lines
+
+
 def _command(reader: Reader, action: str, photos: Path, shards: Path, work: Path, batch: int) -> list[str]:
     return [reader.python, str(READERS / reader.script), action, *reader.args, "--photos", str(photos),
-            "--shards", str(shards), "--work", str(_work(work, reader)), "--batch", str(batch),
+            "--shards", str(reader.shards or shards), "--work", str(_work(work, reader)), "--batch", str(batch),
             "--size", str(reader.size), "--workers", str(reader.workers)]
 
 
@@ -217,21 +251,33 @@ def prepare_data(data: Path, count: int, images: Path | None = None, progress: b
 
 def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, peers: dict[str, str] | None = None,
                  only: str = "", repeat: int = 3, batch: int = 256, cold: bool = False, force: bool = False,
-                 transform: str | None = None) -> str:
+                 restart_rows: bool = False, transform: str | None = None) -> str:
     """The whole ``stoker bench loader`` run: check the machine is idle, prepare, measure, report.
-    ``transform="standard"``: the standard torchvision pipelines instead (:func:`standard_readers`)."""
+    ``restart_rows`` adds stoker.Loader on the photos packed with ``--restart-rows`` (224 and 160
+    px, whatever ``only`` says) and the pack's rate and size with and without it. ``transform="standard"``:
+    the standard torchvision pipelines instead of the default readers (:func:`standard_readers`)."""
+    from stoker.bench.pack_rate import measure_packs, pack_report
+    from stoker.pack import pack
+
+    for option, value in ((BENCH_COUNT, count), (BENCH_REPEAT, repeat), (BENCH_BATCH, batch)):
+        option.check(value)
     refuse_if_busy(force)
     photos, shards = prepare_data(data, count, images)
     cores = os.cpu_count() or 1
     every = standard_readers(cores) if transform == "standard" else default_readers(peers or {}, cores)
     readers = [r for r in every if not only or r.key in only.split(",")]
+    if restart_rows:
+        pack(photos, data / "shards-restart", restart_rows=True)
+        readers += restart_readers(data / "shards-restart")
     if cold:
         readers.append(Reader("disk", "disk: shards read sequentially (cat)", "disk.py"))
     rows = run_readers(readers, photos, shards, data / "readers", batch=batch, repeat=repeat, cold=cold,
                        log=lambda line: print(line, file=sys.stderr, flush=True))
+    packs = measure_packs(photos, data / "pack-rate", workers=cores, repeat=repeat, cold=cold) if restart_rows else []
     load = os.getloadavg()
     head = (f"stoker bench loader: {len(readers)} readers, {cores} cores, batch {batch}, medians of {repeat}, "
             f"{'cold' if cold else 'warm'} page cache; load average after {load[0]:.2f}")
     if transform == "standard":
         return head + "\n" + report(rows, cores) + "\n" + report_standard(rows)
-    return head + "\n" + report(rows, cores, floor_pss_mb())
+    text = head + "\n" + report(rows, cores, floor_pss_mb())
+    return text + ("\n" + pack_report(packs, cores) if packs else "")

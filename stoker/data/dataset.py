@@ -26,7 +26,9 @@ class ShardDataset(torch.utils.data.Dataset):
     carries only the path, so it works with DataLoader workers under fork and spawn.
 
     Damaged data raises CorruptDataError naming shard and sample. With ``on_error="skip"`` the
-    next readable sample is returned instead and ``skipped`` counts the skips (per process).
+    next readable sample is returned instead and ``skipped`` counts the skips (per process). Only
+    damaged data is skipped: storage that fails (an object store down after every retry, denied
+    access: RemoteError) always raises, naming the URL.
     ``verify=False`` skips the per-read checksums. ``field`` picks the image member when samples
     hold several; ``block_bytes`` sets the read-ahead block (see QuasiRandomSampler); at most
     ``max_open_shards`` shards are open per process.
@@ -82,6 +84,8 @@ class ShardDataset(torch.utils.data.Dataset):
         if not self._image_fields:
             raise StokerError(f"{self.root}: the data set has no image field (schema: {schema})")
         self._targets: np.ndarray | None = None
+        # packed with --restart-rows: JPEGs carry a restart table the Loader decodes strips with
+        self.restart_rows = bool(self.shards.manifest.source.get("options", {}).get("restart_rows"))
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -98,7 +102,7 @@ class ShardDataset(torch.utils.data.Dataset):
         for attempt in range(n):
             try:
                 return self._load((index + attempt) % n)
-            except (StokerError, OSError) as e:
+            except CorruptDataError as e:
                 self.skipped += 1
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")

@@ -24,4 +24,6 @@ def decode_image(data: bytes, mode: DecodeMode) -> Image.Image | np.ndarray | to
         return rgb
     if mode == "rgb":
         return np.array(rgb)
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(rgb).transpose(2, 0, 1)))
+    # np.array copies into memory of its own, always writable: np.ascontiguousarray would hand
+    # Pillow's read-only buffer on when no copy is needed (a 1x1 image), and torch warns about it
+    return torch.from_numpy(np.array(np.asarray(rgb).transpose(2, 0, 1), order="C"))

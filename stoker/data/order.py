@@ -23,11 +23,16 @@ def block_bounds(shard_of_sample: np.ndarray, sample_start: np.ndarray, block_by
     return np.concatenate([[0], np.flatnonzero(change) + 1, [n]]).astype(np.int64)
 
 
-def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
-    """Shuffle the blocks, then shuffle samples within each group of ``window`` consecutive blocks.
+def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int, *, rank: int = 0, world_size: int = 1,
+                       drop_last: bool = False, ramp: bool = True) -> np.ndarray:
+    """Rank ``rank``'s share of an epoch: the blocks shuffled, cut into equal rank shares (see
+    :func:`rank_share`), then each share's samples shuffled within groups of ``window`` consecutive
+    blocks.
 
     Each block is consumed while its group is open and never again, so a reader sees ``window``
-    blocks at a time instead of the whole data set.
+    blocks at a time instead of the whole data set. With ``ramp`` the first groups of each share
+    hold 2, 4, 8, ... blocks up to ``window``: the first batch of an epoch then needs two blocks
+    from a cold disk instead of ``window``, and later ones find theirs read ahead.
     """
     rng = np.random.default_rng([seed, epoch])
     sizes = np.diff(bounds)
@@ -36,8 +41,23 @@ def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int) -
     n = int(sizes.sum())
     first = np.cumsum(visit_sizes) - visit_sizes
     samples = np.repeat(bounds[visit], visit_sizes) + (np.arange(n) - np.repeat(first, visit_sizes))
-    group = np.repeat(np.arange(len(visit)) // max(1, window), visit_sizes)
-    return samples[np.lexsort((rng.random(n), group))]
+    visit_of = np.repeat(np.arange(len(visit)), visit_sizes)  # each position's place in the block visit
+    keys = rng.random(n)
+    share, share_visit, share_keys = (rank_share(a, rank, world_size, drop_last) for a in (samples, visit_of, keys))
+    runs = np.concatenate([[0], np.cumsum(np.diff(share_visit) != 0)]) if len(share) else share_visit
+    return share[np.lexsort((share_keys, window_groups(runs, window, ramp)))]
+
+
+def window_groups(runs: np.ndarray, window: int, ramp: bool) -> np.ndarray:
+    """The group of each position, given the number of the block run it is in (0, 0, 1, 1, 1, 2, ...):
+    ``window`` runs per group, the first groups 2, 4, 8, ... runs when ``ramp``."""
+    window = max(1, window)
+    sizes = []
+    while ramp and 2 << len(sizes) < window:
+        sizes.append(2 << len(sizes))
+    ramp_runs = sum(sizes)
+    ramp_group = np.searchsorted(np.cumsum(sizes), runs, side="right")
+    return np.where(runs < ramp_runs, ramp_group, len(sizes) + (runs - ramp_runs) // window)
 
 
 def block_schedule(bounds: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

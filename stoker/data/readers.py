@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import CorruptDataError, RemoteError
+from stoker.errors import CorruptDataError, FormatError
 from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
 from stoker.storage import willneed
 from stoker.storage.cache import ShardCache
@@ -175,13 +175,11 @@ class RemoteShardReader(ShardReader):
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
 
     def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
-        block = offset // self.block_bytes
-        try:
-            data = self._from_block(block, offset, size)
-            if data is None:
-                data = self.remote.read(self.entry.name, offset, offset + size)
-        except RemoteError as e:
-            raise CorruptDataError(self.path, self.index.key(local), str(e)) from None
+        # A RemoteError (the store down after every retry, denied access) propagates as it is: it
+        # says nothing about the data, so on_error="skip" must never skip past it.
+        data = self._from_block(offset // self.block_bytes, offset, size)
+        if data is None:
+            data = self.remote.read(self.entry.name, offset, offset + size)
         if into is not None and len(into) >= len(data):
             into[: len(data)] = data
             return memoryview(into)[: len(data)]
@@ -294,10 +292,7 @@ class CachedShardReader(ShardReader):
             return True
         if time.monotonic() < self._retry_at:
             return False
-        try:
-            usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)
-        except RemoteError as e:
-            raise CorruptDataError(self.source.path, None, str(e)) from None
+        usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)  # a RemoteError propagates
         if not usable:
             self._retry_at = time.monotonic() + _CACHE_RETRY_SECONDS
             return False
@@ -315,7 +310,12 @@ def _open_index(root: Path, entry: ShardEntry, verify: bool) -> ShardIndex:
     index_path = root / entry.index
     # Checked before it is parsed, and read with read(), not through the mapping: the pages
     # stay in the shared page cache instead of counting in every worker's resident memory.
-    if verify and file_checksum(index_path) != entry.index_checksum:
+    try:
+        matches = not verify or file_checksum(index_path) == entry.index_checksum
+    except OSError as e:
+        raise FormatError(f"{index_path}: cannot read the index of {entry.name} that the manifest lists "
+                          f"({e.strerror or e})") from None
+    if not matches:
         raise CorruptDataError(str(index_path), None, "index checksum does not match the manifest")
     index = ShardIndex.open(index_path)
     if len(index) != entry.count or index.shard_bytes != entry.bytes:

@@ -21,6 +21,7 @@ import numpy as np
 from stoker.data.order import block_bounds, shard_schedule
 from stoker.data.readers import CachedShardReader, RemoteShardReader, ShardReader
 from stoker.format import Manifest, ShardIndex, read_manifest
+from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
 from stoker.storage.remote import RemoteData, is_url
 from stoker.storage.stager import Stager
@@ -48,13 +49,17 @@ class ShardSet:
         process without fetching them and checksumming every index again). ``cache_dir`` and
         ``cache_limit``: a node cache of whole shards (see :class:`ShardCache`), staged up to
         ``cache_ahead`` shards ahead of a reader (default: as far as the limit allows)."""
+        BLOCK_BYTES.check(block_bytes)
+        MAX_OPEN_SHARDS.check(max_open_shards)
+        if cache_ahead is not None:
+            CACHE_AHEAD.check(cache_ahead)
         self.source = root
         self.storage_options = storage_options
         self.remote = RemoteData(root, storage_options) if is_url(root) else None
         self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
-        self.max_open_shards = max(1, max_open_shards)
+        self.max_open_shards = max_open_shards
         self.manifest: Manifest = read_manifest(self.root)
         self.cache = (ShardCache(cache_dir, root, self.manifest.shards, cache_limit, storage_options)
                       if cache_dir is not None else None)

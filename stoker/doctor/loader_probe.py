@@ -1,6 +1,6 @@
-"""Loader probes: end-to-end images/s of a torch DataLoader at each worker count and, on packed
-data, of stoker.Loader, over the doctor's sample with a warm page cache (storage is measured
-apart, so these rows show what the CPU side of each loader delivers)."""
+"""Loader probes: end-to-end images/s of a torch DataLoader at each worker count over the doctor's
+sample with a warm page cache (storage is measured apart, so these rows show what the CPU side
+of each loader delivers)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from torch.utils.data import default_collate
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.doctor.target import Target
-from stoker.errors import StokerError
-from stoker.loader import CropSpec, Loader
 
 
 @dataclass
@@ -68,20 +66,23 @@ def worker_counts(most: int) -> list[int]:
     return counts + ([most] if most > 0 else [])
 
 
-def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: list[int], size: int,
-                  seconds: float, decode: str = "pil") -> tuple[list[LoaderRow], list[str]]:
-    """A DataLoader row per worker count, then a stoker.Loader row where the data is packed, and
-    notes on rows that could not be measured; ``seconds`` is shared out among the rows.
-    ``decode`` is the mode a packed data set's items are decoded in before ``transform`` (a
-    ShardDataset's own)."""
+def sampled_dataset(target: Target, transform: Callable | None, decode: str = "pil") -> torch.utils.data.Dataset:
+    """The sampled items as a map-style Dataset, read as the user's DataLoader reads them."""
     if target.loose:
-        dataset: torch.utils.data.Dataset = SampledFiles(target.paths, transform)
-    elif target.kind == "packed":
-        dataset = torch.utils.data.Subset(ShardDataset(target.description, decode=decode, transform=transform),
-                                          target.indices.tolist())
-    else:
-        dataset = torch.utils.data.Subset(target.dataset, target.indices.tolist())
-    each = seconds / (len(workers) + (target.kind == "packed"))
+        return SampledFiles(target.paths, transform)
+    if target.kind == "packed":
+        return torch.utils.data.Subset(ShardDataset(target.description, decode=decode, transform=transform),
+                                       target.indices.tolist())
+    return torch.utils.data.Subset(target.dataset, target.indices.tolist())
+
+
+def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: list[int], seconds: float,
+                  decode: str = "pil") -> list[LoaderRow]:
+    """A DataLoader row per worker count; ``seconds`` is shared out among the rows. ``decode``
+    is the mode a packed data set's items are decoded in before ``transform`` (a ShardDataset's
+    own). stoker.Loader's rows come from the sample pack (stoker/doctor/pack_probe.py)."""
+    dataset = sampled_dataset(target, transform, decode)
+    each = seconds / len(workers)
     rows = []
     for count in workers:
         # One long epoch drawn with replacement: a small sample passed epoch by epoch would drain the
@@ -90,29 +91,7 @@ def probe_loaders(target: Target, transform: Callable | None, batch_size: int, w
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=count, sampler=sampler,
                                              collate_fn=collate_or_list)
         rows.append(_timed(f"DataLoader, {count} workers", count, loader, 1 << 30, each))
-    notes = []
-    if target.kind == "packed":
-        try:
-            rows.append(_stoker_row(target, batch_size, size, each))
-        except StokerError as e:  # it reads the data set's first samples, not the checked sample
-            notes.append(f"stoker.Loader not measured: {e}")
-    return rows, notes
-
-
-def _stoker_row(target: Target, batch_size: int, size: int, seconds: float) -> LoaderRow:
-    """stoker.Loader in sequential order over the data set's first samples, read once beforehand so
-    the cache is warm like the other rows' (on a small data set, whole passes repeat)."""
-    dataset = ShardDataset(target.description)
-    count = min(len(dataset), max(4 * batch_size, 2048))
-    deadline = time.perf_counter() + seconds
-    for i in range(count):
-        dataset.read_image(i)
-        if time.perf_counter() > deadline:
-            count = max(batch_size, i)
-            break
-    loader = Loader(dataset, batch_size, crop=CropSpec(size=(size, size)), order="sequential")
-    limit = count if count < len(dataset) else 1 << 30  # beyond ``count`` the cache is cold
-    return _timed(f"stoker.Loader, {loader.threads} threads", loader.threads, loader, limit, seconds)
+    return rows
 
 
 def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float) -> LoaderRow:

@@ -10,11 +10,14 @@ from pathlib import Path
 
 from stoker.doctor.compute_probe import DecodeReport, StageRate
 from stoker.doctor.loader_probe import LoaderRow
+from stoker.doctor.pack_probe import PackProbe
+from stoker.doctor.prove import Proof
+from stoker.doctor.remedies import Remedy
 from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -32,6 +35,8 @@ class DoctorReport:
     verdict: Verdict
     seconds: float
     notes: list[str] = field(default_factory=list)
+    sample_pack: PackProbe | None = None
+    proof: list[Proof] | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -47,7 +52,10 @@ class DoctorReport:
                 "transform": [s.to_dict() for s in self.stages],
                 "loaders": [{**row.to_dict(), "gpu_idle_fraction": _idle(row.images_per_s, batch, step)}
                             for row in self.loaders],
-                "verdict": self.verdict.to_dict(), "seconds": round(self.seconds, 2), "notes": self.notes}
+                "sample_pack": self.sample_pack.to_dict() if self.sample_pack else None,
+                "verdict": self.verdict.to_dict(),
+                "proof": [p.to_dict() for p in self.proof] if self.proof is not None else None,
+                "seconds": round(self.seconds, 2), "notes": self.notes}
 
     def to_json(self) -> str:
         """The report as strict JSON (no NaN or Infinity: what was not measured is null)."""
@@ -61,19 +69,7 @@ class DoctorReport:
         if self.storage:
             lines += ["", "Storage", *_storage_lines(self.storage)]
         if self.decode:
-            d = self.decode
-            lines += ["", f"Decode (one core; {d.images} images: "
-                          f"{', '.join(f'{k} {n}' for k, n in d.formats.items())}; median {d.width['p50']:.0f}x"
-                          f"{d.height['p50']:.0f} px, {d.megapixels['p50']:.2f} MP, {d.kilobytes['p50']:.0f} KB)",
-                      f"  Pillow, full size (as ImageFolder)   {d.pillow_per_core:8,.0f} img/s per core"]
-            if d.jpeg_full_per_core:
-                lines.append(f"  simplejpeg, full size                {d.jpeg_full_per_core:8,.0f} img/s per core")
-            if d.jpeg_reduced_per_core:
-                lines.append(f"  simplejpeg, reduced DCT scale (>= {d.reduced_size} px) {d.jpeg_reduced_per_core:6,.0f}"
-                             " img/s per core")
-            elif d.jpeg_full_per_core:
-                lines.append(f"  simplejpeg, reduced DCT scale: not possible, short sides under 2 x {d.reduced_size} px")
-            lines += [f"  could not read {name}: {reason}" for name, reason in d.failures[:5]]
+            lines += ["", *_decode_lines(self.decode)]
         if self.stages:
             lines += ["", "Transform (one core, each stage timed apart)"]
             lines += [f"  {s.name[:48]:48} {s.per_core:10,.0f} img/s per core" if math.isfinite(s.per_core)
@@ -85,14 +81,63 @@ class DoctorReport:
                 idle = _idle(row.images_per_s, batch, step)
                 lines.append(f"  {row.name:32} {row.images_per_s:8,.0f} img/s   first batch {row.first_batch_s:5.2f} s"
                              + (f"   GPU idle {idle:.0%}" if idle is not None else ""))
+        if self.sample_pack:
+            lines += _pack_lines(self.sample_pack)
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
         if v.remedies:
-            lines += ["", "Remedies, best first (predicted img/s)"]
+            lines += ["", "Remedies, best first (predicted img/s; the formula's inputs measured on the sample)"]
             for k, r in enumerate(v.remedies, 1):
-                lines += [f"  {k}. {r.name}: {r.predicted_images_per_s:,.0f} img/s", f"     {r.how}", f"     ({r.why})"]
+                lines += _remedy_lines(k, r)
+        if self.proof is not None:
+            lines += ["", *_proof_lines(self.proof, self.settings)]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _decode_lines(d: DecodeReport) -> list[str]:
+    """The decode table: what the images are (counts that add up to ``images``) and each decoder's rate."""
+    kinds = ", ".join(f"{k} {n} ({n / d.images:.0%})" for k, n in sorted(d.formats.items(), key=lambda kv: -kv[1]))
+    lines = [f"Decode (one core; {d.images} images: {kinds}; median {d.width['p50']:.0f}x{d.height['p50']:.0f} px, "
+             f"{d.megapixels['p50']:.2f} MP, {d.kilobytes['p50']:.0f} KB)",
+             f"  Pillow, full size (as ImageFolder)            {d.pillow_per_core:8,.0f} img/s per core"]
+    if d.jpeg_full_per_core:
+        lines.append(f"  simplejpeg, full size                         {d.jpeg_full_per_core:8,.0f} img/s per core")
+    if d.fused_per_core:
+        lines.append(f"  stoker.Loader's decode + crop to {d.fused_size} px       {d.fused_per_core:8,.0f} img/s per core")
+    if d.fused_capped_per_core:
+        lines.append(f"  the same, shrunk to {d.capped_side} px (--max-side)  {d.fused_capped_per_core:8,.0f} img/s per core"
+                     f" ({d.capped_bytes_share:.0%} of the bytes)")
+    return lines + [f"  could not read {name}: {reason}" for name, reason in d.failures[:5]]
+
+
+def _pack_lines(p: PackProbe) -> list[str]:
+    """Where the stoker.Loader rows above come from."""
+    where = "on the data's disk" if p.same_device else "on another disk than the data's"
+    line = (f"  (stoker.Loader rows: the {p.distinct} sampled images packed, {p.images} images, {p.nbytes / 1e6:,.1f} MB, "
+            f"{where}" + (f"; read front to back cold at {p.sequential_mb_per_s:,.1f} MB/s)" if p.sequential_mb_per_s else ")"))
+    return [line] + [f"  note: {note}" for note in p.notes]
+
+
+def _remedy_lines(k: int, r: Remedy) -> list[str]:
+    """One remedy: name and prediction, the formula with its inputs, the code, why."""
+    value = f"{r.predicted_images_per_s:,.0f} img/s" if r.predicted_images_per_s is not None else f"needs {r.needs}"
+    inputs = ", ".join(f"{k} {v:,.3g}" if v < 10 else f"{k} {v:,.0f}"
+                       for k, (v, _) in r.prediction.inputs.items() if v is not None)
+    formula = [f"     = {r.prediction.expression}, {inputs}"] if inputs and r.predicted_images_per_s is not None else []
+    return [f"  {k}. {r.name}: {value}", *formula, f"     {r.how}", f"     ({r.why})"]
+
+
+def _proof_lines(proof: list[Proof], settings: dict) -> list[str]:
+    """Predicted against measured, side by side."""
+    step = settings.get("step_time")
+    head = (f"Proof: the top remedies run on the sample (batch {settings['batch_size']}"
+            + (f", a {step * 1000:.0f} ms sleep per step as the GPU" if step else ", no step time") + ")")
+    lines = [head, f"  {'remedy':58} {'predicted':>9} {'measured':>9} {'ratio':>6}"]
+    for p in proof:
+        lines.append(f"  {p.name[:58]:58} {p.expected:9,.0f} {p.measured:9,.0f} {p.ratio:6.2f}")
+        lines.append(f"     ({p.setup}; {p.seconds:.1f} s)")
+    return lines if proof else [head, "  nothing was run (see the notes)"]
 
 
 def _storage_lines(s: StorageReport) -> list[str]:
@@ -113,6 +158,8 @@ def _storage_lines(s: StorageReport) -> list[str]:
                          s.copy_to_ram_mb_per_s), ("copy onto the SSD", s.copy_to_ssd_mb_per_s)):
         if value is not None:
             lines.append(f"  {label:26} {value:8.1f} MB/s")
+    if s.contention and not s.contention.shared:  # a shared disk is in the notes
+        lines.append(f"  {s.contention.describe()}")
     return lines + [f"  note: {note}" for note in s.notes]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker.doctor.contention import Contention, DiskWatch
 from stoker.doctor.numbers import rounded
 from stoker.doctor.target import Target
 from stoker.errors import StokerError
@@ -79,15 +80,18 @@ class StorageReport:
     copy_to_ssd_mb_per_s: float | None
     mean_item_bytes: float
     notes: list[str] = field(default_factory=list)
+    contention: Contention | None = None
 
     def to_dict(self) -> dict:
+        """The report's ``storage`` section."""
         stats = {name: (getattr(self, name).to_dict() if getattr(self, name) else None)
                  for name in ("cold", "warm", "cold_parallel")}
         return {**stats, "eviction_worked": self.eviction_worked, "still_cached_bytes": self.still_cached_bytes,
                 "sequential_mb_per_s": rounded(self.sequential_mb_per_s, 2),
                 "copy_to_ram_mb_per_s": rounded(self.copy_to_ram_mb_per_s, 2),
                 "copy_to_ssd_mb_per_s": rounded(self.copy_to_ssd_mb_per_s, 2),
-                "mean_item_bytes": round(self.mean_item_bytes, 1), "notes": self.notes}
+                "mean_item_bytes": round(self.mean_item_bytes, 1), "notes": self.notes,
+                "contention": self.contention.to_dict() if self.contention else None}
 
 
 def timed_reads(names: Sequence[str], read: Callable[[int], bytes], items: Sequence[int], concurrency: int,
@@ -128,15 +132,17 @@ def timed_reads(names: Sequence[str], read: Callable[[int], bytes], items: Seque
 def probe_storage(target: Target, *, workers: int, seconds: float, ssd: str | os.PathLike | None = None) -> StorageReport:
     """All storage measurements of ``target`` within about ``seconds``: half the sample read cold
     one at a time (latency), the other half cold ``workers`` at a time (throughput), the first
-    half again warm, then large files front to back and copies into RAM and onto ``ssd``."""
+    half again warm, then large files front to back and copies into RAM and onto ``ssd``; and
+    how much other processes read from the same disk meanwhile."""
     notes: list[str] = []
+    files = target.files_read()
+    watch = DiskWatch(files[0] if files else target.description).start()
     read = target.reader()
     names = [target.name(i) for i in range(target.sample_size)]
     half = -(-target.sample_size // 2)
     first, second = list(range(half)), list(range(half, target.sample_size))
-    files = target.files_read()
     evict(files)
-    cached = sum(_resident(f) for f in files)
+    cached = sum(resident(f) for f in files)
     if cached:
         notes.append(f"the page cache kept {cached / 1e6:.1f} MB of the sampled files after eviction (the file "
                      "system ignores posix_fadvise DONTNEED): cold figures are warm ones")
@@ -146,17 +152,22 @@ def probe_storage(target: Target, *, workers: int, seconds: float, ssd: str | os
     counted = [stats for stats in (cold, cold_parallel) if stats is not None]
     mean_bytes = sum(s.nbytes for s in counted) / max(1, sum(s.reads for s in counted))
     big = _large_files(target)
-    sequential = _sequential_rate(big, seconds * 0.15) if big else None
+    sequential = sequential_rate(big, seconds * 0.15) if big else None
     if not big:
         notes.append("large sequential reads not measured: no sampled file is 4 MB or more (pack the data set, "
                      "then run stoker doctor on the packed folder)")
     copied = big or (target.paths[half:] if target.loose else [])
     ram = _copy_rate(copied, Path("/dev/shm"), seconds * 0.1, notes) if copied else None
     ssd_rate = _copy_rate(copied, Path(ssd), seconds * 0.1, notes) if ssd and copied else None
-    return StorageReport(cold, warm, cold_parallel, not cached, cached, sequential, ram, ssd_rate, mean_bytes, notes)
+    contention = watch.stop()
+    if contention.shared:
+        notes.append(contention.describe())
+    return StorageReport(cold, warm, cold_parallel, not cached, cached, sequential, ram, ssd_rate, mean_bytes, notes,
+                         contention)
 
 
-def _resident(path: str) -> int:
+def resident(path: str) -> int:
+    """Bytes of ``path`` in the page cache (0 where it cannot be read)."""
     try:
         return resident_bytes(path)
     except OSError:
@@ -174,7 +185,7 @@ def _large_files(target: Target) -> list[str]:
     return [path for size, path in sorted(sized, reverse=True) if size >= 4 << 20 or not target.loose]
 
 
-def _sequential_rate(files: list[str], seconds: float) -> float:
+def sequential_rate(files: list[str], seconds: float) -> float:
     """MB/s of reading ``files`` front to back in 1 MiB pieces, each evicted just before it is
     read (so only the files read lose their cache), for about ``seconds``."""
     nbytes, start = 0, time.perf_counter()

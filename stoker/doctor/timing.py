@@ -1,10 +1,18 @@
-"""Timing a loader: samples/s and bytes/s over one pass, with the time to the first batch."""
+"""Timing a loader: samples/s and bytes/s over one pass, or over passes read as one long epoch
+with a training loop's step time; with the time to the first batch."""
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
+
+import torch
+
+_END = object()
 
 
 @dataclass(frozen=True)
@@ -53,3 +61,73 @@ def _size(images) -> int:
     if isinstance(images, (list, tuple)):
         return sum(_size(x) for x in images)
     return int(getattr(images, "nbytes", 0))
+
+
+def time_passes(loader: Iterable, seconds: float, *, step_time: float | None = None, min_batches: int = 8,
+                before_pass: Callable[[], None] | None = None) -> Rate:
+    """Images/s of ``loader`` read pass after pass as one long epoch, the training loop taking
+    ``step_time`` per batch (a sleep: the GPU's step, leaving the cores to the loader), for about
+    ``seconds`` and at least ``min_batches`` batches after the first (at most ``4 * seconds``).
+
+    A small sample passed epoch by epoch would drain the loader's pipeline at every epoch end
+    (a real epoch is thousands of batches), so a thread starts each pass as soon as the last one
+    ends, while the loop still has queued batches. ``before_pass`` runs before each pass (e.g.
+    to evict the files, so every pass reads cold). Batches on a GPU are waited for. Counted from
+    the first batch; the time to it is ``first_batch_seconds``.
+    """
+    batches: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def feed() -> None:
+        try:
+            while not stop.is_set():
+                if before_pass is not None:
+                    before_pass()
+                passed = iter(loader)
+                try:
+                    for batch in passed:
+                        while not stop.is_set():
+                            with contextlib.suppress(queue.Full):
+                                batches.put(batch, timeout=0.05)
+                                break
+                        if stop.is_set():
+                            break
+                finally:
+                    if isinstance(passed, Generator):  # stoker.Loader's threads stop now, not when collected
+                        passed.close()
+        except BaseException as e:  # handed to the loop, which raises it
+            batches.put(e)
+        batches.put(_END)
+
+    feeder = threading.Thread(target=feed, name="stoker-doctor-passes", daemon=True)
+    start = time.perf_counter()
+    feeder.start()
+    first_at = None
+    samples = nbytes = counted = 0
+    try:
+        while True:
+            batch = batches.get()
+            if batch is _END:
+                raise RuntimeError("the loader yielded no batch")
+            if isinstance(batch, BaseException):
+                raise batch
+            images, labels = batch[0], batch[1]
+            if getattr(images, "is_cuda", False):
+                torch.cuda.synchronize(images.device)
+            now = time.perf_counter()
+            if first_at is None:
+                first_at = now
+            else:
+                samples, nbytes, counted = samples + len(labels), nbytes + _size(images), counted + 1
+            spent = now - first_at
+            if spent > 4 * seconds or (spent >= seconds and counted >= min_batches):
+                break
+            if step_time:
+                time.sleep(step_time)
+    finally:
+        stop.set()
+        while feeder.is_alive():  # let the feeder leave a full queue
+            with contextlib.suppress(queue.Empty):
+                batches.get(timeout=0.05)
+        feeder.join()
+    return Rate(samples, nbytes, now - first_at, first_at - start)

@@ -16,11 +16,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Generic, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
+
+from stoker.echo.examples import examples_in
+from stoker.state import load_state_of, set_epoch_of, state_of
 
 T = TypeVar("T")
 
@@ -75,6 +78,9 @@ class Watched(Generic[T]):
         self._start, self._wait, self._step = (np.zeros(every) for _ in range(3))
         self._first, self._n, self._written = 1, 0, 0
         self._done = _summary(0, 0.0, 0.0, 0, 0.0)  # every closed window, folded
+        # Examples handed over in this pass: a DataLoader's sampler needs them for its state.
+        self._count_examples = not (hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"))
+        self._examples_in_pass = 0
 
     def __len__(self) -> int:
         """The wrapped loader's length (TypeError if it has none)."""
@@ -82,6 +88,23 @@ class Watched(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         return self._run()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to the wrapped loader (or a DataLoader's sampler)."""
+        set_epoch_of(self.loader, epoch)
+        self._examples_in_pass = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state (for a DataLoader, its sampler's after the batches handed
+        over), and the totals so far, so that a resumed run goes on counting steps."""
+        return {"loader": state_of(self.loader, self._examples_in_pass), "totals": asdict(self.summary())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the wrapped loader, and the step count and totals, from a :meth:`state_dict`."""
+        load_state_of(self.loader, state["loader"])
+        self._done = WatchSummary(**state["totals"])
+        self._first, self._n, self._written = self._done.steps + 1, 0, 0
+        self._examples_in_pass = 0
 
     def summary(self) -> WatchSummary:
         """Totals over every step so far, the current unfinished window included."""
@@ -91,8 +114,11 @@ class Watched(Generic[T]):
         """One pass. The step of the last batch ends when the loop asks again, breaks or raises."""
         clock = time.perf_counter
         asked = clock()
+        self._examples_in_pass = 0
         try:
             for batch in self.loader:
+                if self._count_examples:
+                    self._examples_in_pass += examples_in(batch)
                 handed = clock()
                 try:
                     yield batch
@@ -128,10 +154,15 @@ class Watched(Generic[T]):
                   f"({s.wait_s * ms:.1f} ms/step of {(s.wait_s + s.step_s) * ms:.1f}), {s.batches_per_s:.1f} batches/s, "
                   f"{s.stalls} stall{'' if s.stalls == 1 else 's'} > {self._stall * 1e3:g} ms "
                   f"(max {s.max_wait_s * 1e3:.0f} ms at step {first + int(self._wait[:n].argmax())})"
-                  + (f"; {note()}" if (note := getattr(self.loader, "watch_note", None)) else ""))
+                  + (f"; {text}" if (text := self._note()) else ""))
         self._done = _plus(self._done, s)
         self._write()
         self._first, self._n, self._written = first + n, 0, 0
+
+    def _note(self) -> str:
+        """The wrapped loader's own line (echoes, skipped samples), if it has one."""
+        note = getattr(self.loader, "watch_note", None)
+        return note() if note is not None else ""
 
     def _write(self) -> None:
         """Append the window's rows not yet in the timeline file, and flush them."""

@@ -4,6 +4,10 @@ pipeline cannot keep up, and, in adaptive mode, only then.
     loader ──> upstream thread ──> queue of fresh batches ──┐
                                                            ├─> fresh batch ready? serve it (and keep it)
               recent fresh batches (ExampleBuffer) ────────┘   none ready? serve an echo, if allowed
+
+The upstream thread reads ahead of the training loop, so the wrapped loader's own position runs
+ahead of what was consumed; Echo's state is the loader's position after the last fresh batch the
+loop was served (see :meth:`Echo.state_dict`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stoker.echo.examples import ExampleBuffer, batch_size, flatten
+from stoker.echo.examples import ExampleBuffer, batch_size, examples_in, flatten
+from stoker.state import load_state_of, set_epoch_of, state_of
 
 _END = object()
 
@@ -70,6 +75,11 @@ class Echo:
         self.rng = np.random.default_rng(seed)
         self._counts = np.zeros(4, dtype=np.int64)  # fresh batches, echoed batches, fresh examples, echoed examples
         self._wait_s = self._step_s = 0.0
+        # What the loop consumed of the loader: its state after the last fresh batch served (a
+        # stateful loader), and the fresh examples served in this pass (for a DataLoader's sampler).
+        self._stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+        self._consumed_state: dict[str, Any] | None = None
+        self._fresh_in_pass = 0
 
     def stats(self) -> EchoStats:
         """Counts and times so far."""
@@ -79,21 +89,45 @@ class Echo:
     def watch_note(self) -> str:
         """One line for :func:`stoker.watch`'s log."""
         s = self.stats()
+        inner = getattr(self.loader, "watch_note", None)
         return (f"echo: {100 * s.echoed_fraction:.0f}% of batches echoed, factor {s.effective_factor:.2f}, "
-                f"~{s.time_saved_s:.1f} s of waiting saved")
+                f"~{s.time_saved_s:.1f} s of waiting saved" + (f"; {text}" if inner and (text := inner()) else ""))
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to the wrapped loader (stoker.Loader, or a DataLoader's sampler) when it has one."""
-        target = getattr(self.loader, "sampler", self.loader)
-        if hasattr(target, "set_epoch"):
-            target.set_epoch(epoch)
+        set_epoch_of(self.loader, epoch)
+        self._consumed_state, self._fresh_in_pass = None, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state after the fresh batches the loop was served (not after what
+        the upstream thread fetched ahead), with the counts and the echo generator's state.
+        Echoes after a resume are drawn from batches fresh after it: the memory of recent batches
+        (hundreds of MB) is not saved, so fresh data resumes exactly and echoes resume in kind."""
+        loader = self._consumed_state if self._stateful else state_of(self.loader, self._fresh_in_pass)
+        if loader is None:  # no pass yet: the loader has not moved
+            loader = state_of(self.loader, 0)
+        return {"loader": loader, "counts": self._counts.tolist(), "wait_s": self._wait_s, "step_s": self._step_s,
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the wrapped loader resumes after the last fresh batch served."""
+        load_state_of(self.loader, state["loader"])
+        self._counts = np.array(state["counts"], dtype=np.int64)
+        self._wait_s, self._step_s = state["wait_s"], state["step_s"]
+        self.rng.bit_generator.state = state["rng"]
+        self._consumed_state, self._fresh_in_pass = None, 0
 
     def __iter__(self) -> Iterator[Any]:
         return self._run()
 
     def _run(self) -> Iterator[Any]:
-        """One pass over the loader: every fresh batch once, echoes between them."""
-        upstream = _Upstream(self.loader, self.prefetch)
+        """One pass over the loader: every fresh batch once, echoes between them. A pass left early
+        puts a stateful loader back after the last fresh batch served, so the next pass goes on
+        from there, not from what the upstream thread had fetched ahead."""
+        self._consumed_state = state_of(self.loader, 0) if self._stateful else None
+        self._fresh_in_pass = 0
+        upstream = _Upstream(self.loader, self.prefetch, self._stateful)
+        finished = False
         memory = _Memory(self.mode, self.buffer_batches, self.rng, self.limit, strict=not self.adaptive)
         clock = time.perf_counter
 
@@ -117,6 +151,8 @@ class Echo:
                     self._wait_s += clock() - asked
                 if item is _END:
                     break
+                item, self._consumed_state = item
+                self._fresh_in_pass += examples_in(item)
                 memory.add(item)
                 yield from give(item, fresh=True)
                 # A fixed factor: echo whatever exceeds a reserve of about buffer_batches batches
@@ -125,8 +161,12 @@ class Echo:
                     yield from give(memory.draw(), fresh=False)
             while not self.adaptive and (echoed := memory.draw()) is not None:
                 yield from give(echoed, fresh=False)  # the rest of the fixed factor
+            finished = True
         finally:
             upstream.stop()
+            if self._stateful and not finished:
+                upstream.join()
+                self.loader.load_state_dict(self._consumed_state)  # type: ignore[attr-defined]
 
     def _echo(self, memory: _Memory) -> Any | None:
         """An echoed batch, when the limits allow one."""
@@ -140,18 +180,10 @@ class Echo:
 
     def _serve(self, batch: Any, fresh: bool) -> Any:
         """Count ``batch``, apply the transform (after echoing: each echo gets fresh augmentation)."""
-        n = _examples_in(batch)
+        n = examples_in(batch)
         self._counts[0 if fresh else 1] += 1
         self._counts[2 if fresh else 3] += n
         return self.transform(batch) if self.transform is not None else batch
-
-
-def _examples_in(batch: Any) -> int:
-    """Examples in ``batch``: its first dimension, or 1 for a batch that is not made of tensors or arrays."""
-    try:
-        return batch_size(flatten(batch)[0])
-    except (TypeError, ValueError):
-        return 1
 
 
 class _Memory:
@@ -200,11 +232,14 @@ class _Memory:
 
 
 class _Upstream:
-    """A thread that pulls fresh batches from the loader into a bounded queue."""
+    """A thread that pulls fresh batches from the loader into a bounded queue, each with the
+    loader's state right after it (``stateful`` loaders; else None), taken in this thread where
+    the loader is paused at that batch."""
 
-    def __init__(self, loader: Iterable[Any], prefetch: int) -> None:
+    def __init__(self, loader: Iterable[Any], prefetch: int, stateful: bool) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stopped = threading.Event()
+        self._stateful = stateful
         self._thread = threading.Thread(target=self._pull, args=(loader,), name="stoker-echo-upstream", daemon=True)
         self._thread.start()
 
@@ -222,6 +257,10 @@ class _Upstream:
     def stop(self) -> None:
         self._stopped.set()
 
+    def join(self) -> None:
+        """Wait for the thread to let go of the loader (it stops at the batch it is making)."""
+        self._thread.join()
+
     def _unwrap(self, item: tuple[str, Any]) -> Any:
         kind, value = item
         if kind == "error":
@@ -231,7 +270,8 @@ class _Upstream:
     def _pull(self, loader: Iterable[Any]) -> None:
         try:
             for batch in loader:
-                if not self._put(("batch", batch)):
+                state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
+                if not self._put(("batch", (batch, state))):
                     return
             self._put(("batch", _END))
         except BaseException as e:  # noqa: BLE001 -- handed to the consumer, raised there

@@ -47,6 +47,14 @@ def _join(parts: list, make: Callable[[list], Any]) -> tuple[list[Leaf], Callabl
     return leaves, rebuild
 
 
+def examples_in(batch: Any) -> int:
+    """Examples in ``batch``: its first dimension, or 1 for a batch that is not made of tensors or arrays."""
+    try:
+        return batch_size(flatten(batch)[0])
+    except (TypeError, ValueError):
+        return 1
+
+
 def batch_size(leaves: list[Leaf]) -> int:
     """The number of examples in a batch: the first dimension, the same for every leaf."""
     sizes = {len(leaf) for leaf in leaves}

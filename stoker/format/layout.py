@@ -10,6 +10,10 @@ from pathlib import Path
 from stoker.errors import FormatError
 
 FORMAT_VERSION = 1
+# Additions within a format version that readers of that version read correctly, ignoring them
+# (docs/format.md, "Versioning"). 1.1: the manifest's own checksum, what a folder source left out;
+# 1.2: JPEG members may carry a restart table (pack --restart-rows).
+FORMAT_MINOR = 2
 MANIFEST_NAME = "stoker.json"
 REJECTED_NAME = "rejected.tsv"
 WORK_DIR_NAME = ".stoker-pack"

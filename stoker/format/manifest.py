@@ -1,4 +1,10 @@
-"""The manifest ``stoker.json``: what a data set holds and how it was made. JSON only, never pickle."""
+"""The manifest ``stoker.json``: what a data set holds and how it was made. JSON only, never pickle.
+
+The manifest checks itself: ``checksum`` is the xxh3-128 of its canonical content (every other
+key, see :func:`canonical_json`), written with it, so an edit to class names, counts or the
+checksums of the shards is caught when it is read. Manifests written before format 1.1 have
+none and are read as they are.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from stoker.errors import FormatError
-from stoker.format.layout import FORMAT_VERSION, MANIFEST_NAME, atomic_write, check_name, index_name
+from stoker.format.checksum import FILE_CHECKSUM_ALGORITHM
+from stoker.format.layout import FORMAT_MINOR, FORMAT_VERSION, MANIFEST_NAME, atomic_write, check_name, index_name
+
+CHECKSUM_KEY = "checksum"
+
+
+def canonical_json(data: dict[str, Any]) -> bytes:
+    """The canonical bytes of a manifest's JSON content (``data`` as parsed, or as
+    :meth:`Manifest.to_dict` gives it): every key but ``checksum``, keys sorted, no whitespace,
+    ASCII. Two manifests with the same content give the same bytes however they were formatted."""
+    content = {key: value for key, value in data.items() if key != CHECKSUM_KEY}
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def content_checksum(data: dict[str, Any]) -> str:
+    """The manifest's self-checksum, ``xxh3_128:<hex>`` of :func:`canonical_json`."""
+    return f"{FILE_CHECKSUM_ALGORITHM}:{xxhash.xxh3_128_hexdigest(canonical_json(data))}"
 
 
 @dataclass(frozen=True)
@@ -43,23 +66,38 @@ class Manifest:
     source: dict[str, Any] = field(default_factory=dict)
     created_by: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    format_minor: int = FORMAT_MINOR
 
     def shard_starts(self) -> np.ndarray:
         """``starts[i]`` is the first global sample of shard i; the last entry is ``num_samples``."""
         return np.array([s.start for s in self.shards] + [self.num_samples], dtype=np.int64)
 
+    def digest(self) -> str:
+        """The identity of the data: a hash of every shard's name, sample count and checksums, the
+        schema and the class names. A copy of the data set (``stoker stage``, an object store) has the
+        same digest, other data another; a saved reader position names the data set by it."""
+        shards = [(s.name, s.count, s.checksum, s.index_checksum) for s in self.shards]
+        return xxhash.xxh3_64_hexdigest(json.dumps([shards, self.schema, self.classes]).encode())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's content as plain JSON data, without its checksum."""
+        return {"format": "stoker", **asdict(self)}
+
     def to_json(self) -> str:
-        """The manifest as written to ``stoker.json``."""
-        data = {"format": "stoker", **asdict(self)}
+        """The manifest as written to ``stoker.json``: its content, then its checksum."""
+        data = self.to_dict()
+        data[CHECKSUM_KEY] = content_checksum(data)
         return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, source: str = MANIFEST_NAME) -> Manifest:
-        """Parse and validate; every problem is reported as a FormatError naming ``source``."""
+    def from_json(cls, text: str | bytes, source: str = MANIFEST_NAME, check: bool = True) -> Manifest:
+        """Parse and validate; every problem is reported as a FormatError naming ``source``.
+        ``check=False`` accepts a manifest whose content does not match its checksum (``stoker
+        verify`` reports that itself and goes on to check the shards)."""
         try:
             data = json.loads(text)
-        except ValueError as e:
-            raise FormatError(f"{source}: not valid JSON: {e}") from e
+        except ValueError as e:  # UnicodeDecodeError too
+            raise FormatError(f"{source}: not valid JSON: {e}") from None
         if not isinstance(data, dict) or data.get("format") != "stoker":
             raise FormatError(f"{source}: not a stoker manifest")
         version = data.get("format_version")
@@ -78,10 +116,13 @@ class Manifest:
                 source=data.get("source", {}),
                 created_by=data.get("created_by", {}),
                 format_version=version,
+                format_minor=int(data.get("format_minor", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise FormatError(f"{source}: malformed manifest: {e!r}") from e
         manifest._check(source)
+        if check and (problem := checksum_problem(data)):  # after the checks that say more precisely what is wrong
+            raise FormatError(f"{source}: {problem}")
         return manifest
 
     def _check(self, source: str) -> None:
@@ -97,16 +138,34 @@ class Manifest:
             raise FormatError(f"{source}: shards hold {expected} samples, manifest says {self.num_samples}")
 
 
-def read_manifest(root: str | os.PathLike) -> Manifest:
-    """Read and validate ``root/stoker.json``."""
-    path = Path(root) / MANIFEST_NAME
+def checksum_problem(data: dict[str, Any]) -> str | None:
+    """Why a parsed manifest's content does not match its checksum, or None: it matches, or it
+    has none because an older stoker (format 1.0) wrote it."""
+    stored = data.get(CHECKSUM_KEY)
+    if stored is None:
+        minor = data.get("format_minor", 0)
+        return f"no checksum, though format 1.{minor} writes one (edited?)" if minor else None
     try:
-        text = path.read_text(encoding="utf-8")
+        actual = content_checksum(data)
+    except ValueError as e:  # NaN or infinity: never written by stoker
+        return f"content cannot be checked ({e})"
+    if stored != actual:
+        return "the content does not match the manifest's checksum: edited or damaged after it was written"
+    return None
+
+
+def read_manifest(root: str | os.PathLike, check: bool = True) -> Manifest:
+    """Read and validate ``root/stoker.json`` (``check``: see :meth:`Manifest.from_json`)."""
+    path = Path(root) / MANIFEST_NAME
+    if Path(root).is_file():
+        raise FormatError(f"{root}: a file, not a data set (a folder holding {MANIFEST_NAME}, shard-*.tar and shard-*.idx)")
+    try:
+        text = path.read_bytes()
     except FileNotFoundError:
         raise FormatError(f"{root}: no {MANIFEST_NAME} here; not a stoker data set (or packing did not finish)") from None
     except OSError as e:
         raise FormatError(f"{path}: cannot read manifest: {e.strerror or e}") from e
-    return Manifest.from_json(text, str(path))
+    return Manifest.from_json(text, str(path), check)
 
 
 def write_manifest(root: str | os.PathLike, manifest: Manifest) -> None:

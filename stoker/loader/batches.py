@@ -8,11 +8,11 @@ those numbers too, and each thread augments the images it decoded, right after d
 
 from __future__ import annotations
 
-import math
-import mmap
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -20,8 +20,8 @@ import torch
 from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
-from stoker.errors import TransformError
-from stoker.loader.buffers import ReusedTensors, thread_buffer
+from stoker.errors import CorruptDataError, TransformError
+from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 
@@ -29,19 +29,8 @@ from stoker.loader.decode_crop import decode_into
 _READ_BUFFER_BYTES = 16 << 20
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _unshared_pixels(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """A tensor in an anonymous memory map of its own, unmapped when the tensor is freed.
-    glibc serves allocations under its dynamic mmap threshold (up to 32 MB) from a heap it rarely
-    gives back: measured here, batches of 256 at 160 px (19.7 MB each) took the Loader's peak PSS
-    from 293 to ~480 MB that way. The pages are mapped in at once (MAP_POPULATE): faulting them
-    in one by one while decoding into them cost ~150 us per 230 KB frame here (decoding into
-    a batch of 16 clips of 320x240: 439 us per frame; populated: 314; reused memory: 283)."""
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return torch.frombuffer(mmap.mmap(-1, max(1, nbytes), flags=flags), dtype=dtype, count=count).view(shape)
+OnError = Literal["raise", "skip"]
+log = logging.getLogger("stoker.loader")
 
 
 @dataclass(frozen=True)
@@ -58,7 +47,8 @@ class ThreadAugment:
 class Batch:
     """One batch in the making: cropped pixels (NHWC uint8, or (N, T, H, W, C) for clips), labels,
     the random draws behind the crops, and, with a per-sample transform, each sample's transformed
-    tensor (or, for the GPU decoder, each sample's undecoded bytes)."""
+    tensor (or, for the GPU decoder, each sample's undecoded bytes). ``indices`` are the samples
+    read: a damaged one skipped under ``on_error="skip"`` is replaced there, and flagged in ``replaced``."""
 
     epoch: int
     number: int
@@ -68,38 +58,40 @@ class Batch:
     draws: BatchDraws
     transformed: list[torch.Tensor | None] | None
     encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
+    replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per sample: a damaged one was skipped
     augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
 
 
 @dataclass(frozen=True)
 class BatchMaker:
-    """Reads, decodes, crops, augments and (optionally) transforms the images of a batch.
-    Picklable: a worker process gets a copy and makes whole batches with it. Subclasses make
-    batches of other samples (see stoker/loader/clips.py) by saying what one sample's pixels are.
-    ``crop`` None: whole images, decoded with Pillow and handed to ``transform`` (which must then
-    make them one size). ``reuse``: batch buffers handed out again once nothing holds them."""
+    """Reads, decodes, crops and (optionally) transforms the images of a batch. Picklable: a
+    worker process gets a copy and makes whole batches with it. Subclasses make batches of other
+    samples (see stoker/loader/clips.py) by saying what one sample's pixels are. With ``on_error``
+    "skip", a damaged sample (CorruptDataError: bad bytes, or pixels no decoder accepts) is
+    replaced by the next readable one in the data set, with the same crop, as ShardDataset does."""
 
     dataset: ShardDataset
-    crop: CropSpec | None
+    crop: CropSpec | None  # None: whole images, decoded with Pillow for ``transform`` (which makes them one size)
     transform: SampleTransform | None
     seed: int
     rank: int
     world_size: int
+    on_error: OnError = "raise"
     augment: ThreadAugment | None = None
-    reuse: ReusedTensors | None = field(default=None, compare=False, repr=False)
 
-    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
-        """Allocate batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops.
-        ``shared`` puts the pixels in shared memory, for a worker process to hand over without a copy."""
-        n = len(indices)
-        shape = (n, *self.sample_shape())
-        dtype = torch.uint8 if self.augment is None or self.augment.dtype == torch.uint8 else torch.float32
-        if shared:
+    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
+              pixels: torch.Tensor | None = None) -> Batch:
+        """Start batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops; its
+        pixels go into ``pixels`` (a reused buffer of the batch's shape), else fresh memory:
+        shared memory with ``shared``, for a worker process to hand over without a copy."""
+        n, dtype = len(indices), self.pixel_dtype()
+        shape, nbytes = (n, *self.sample_shape()), (n, *self.buffer_shape())
+        if pixels is not None and tuple(pixels.shape) == nbytes:
+            images = pixels.view(dtype)
+        elif shared:
             images = torch.empty(shape, dtype=dtype).share_memory_()
-        elif self.reuse is not None and dtype != torch.uint8:
-            images = self.reuse.take(shape, dtype, lambda: _unshared_pixels(shape, dtype))
         else:
-            images = _unshared_pixels(shape, dtype)
+            images = mapped_pixels(nbytes).view(dtype)
         labels = torch.empty(n, dtype=torch.int64)
         if self.crop is None:
             draws = BatchDraws(np.zeros((n, CROP_TRIES, 4)), np.zeros(n, dtype=bool))
@@ -111,7 +103,8 @@ class BatchMaker:
             height, width = shape[1:3]
             augment_draws = self.augment.augment.draw((np.full(n, height), np.full(n, width)),
                                                       step=self.augment_step(epoch, number))
-        return Batch(epoch, number, indices, images, labels, draws, transformed, augment_draws=augment_draws)
+        return Batch(epoch, number, np.array(indices), images, labels, draws, transformed,
+                     replaced=np.zeros(n, bool), augment_draws=augment_draws)
 
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
         """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
@@ -131,24 +124,33 @@ class BatchMaker:
         """The shape of one sample's pixels in the batch: (H, W, 3); (0,) for whole images."""
         return (*self.crop.size, 3) if self.crop is not None else (0,)
 
+    def pixel_dtype(self) -> torch.dtype:
+        """The batch's pixels: uint8, or float32 where the augmentation writes floats."""
+        return torch.float32 if self.augment is not None and self.augment.dtype != torch.uint8 else torch.uint8
+
+    def buffer_shape(self) -> tuple[int, ...]:
+        """:meth:`sample_shape` in bytes (a uint8 buffer, viewed as :meth:`pixel_dtype`)."""
+        shape = self.sample_shape()
+        return (*shape[:-1], shape[-1] * self.pixel_dtype().itemsize)
+
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
         """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread)."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
-        for j in positions:
-            index = int(batch.indices[j])
+        for j in map(int, positions):
             if self.crop is None:
-                image, targets[j] = self._whole_image(index)
+                targets[j] = self._place_readable(batch, j, None)
+                image = batch.transformed[j]  # type: ignore[index]  # the whole image, as ImageFolder gives it
             elif self.augment is None:
-                targets[j] = self.place(batch, int(j), pixels[j])
+                targets[j] = self._place_readable(batch, j, pixels[j])
                 image = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
             else:
                 size = pixels[j].size  # decoded into this thread's scratch, then augmented into the batch
                 cropped = np.frombuffer(thread_buffer("crop", size), np.uint8, size).reshape(pixels[j].shape)
-                targets[j] = self.place(batch, int(j), cropped)
-                self._augment(batch, int(j), cropped, pixels[j])
+                targets[j] = self._place_readable(batch, j, cropped)
+                self._augment(batch, j, cropped, pixels[j])
                 image = batch.images[j].movedim(-1, -3)
             if batch.transformed is not None:
-                batch.transformed[j] = self._transform(index, image)
+                batch.transformed[j] = self._transform(int(batch.indices[j]), image)
 
     def _augment(self, batch: Batch, j: int, cropped: np.ndarray, out: np.ndarray) -> None:
         """Augment sample ``j``'s crop into ``out``, its slot of the batch (float32, or rounded to uint8)."""
@@ -162,20 +164,37 @@ class BatchMaker:
         np.rint(result, out=result)
         out[...] = result
 
-    def _whole_image(self, index: int) -> tuple[object, int]:
-        """Sample ``index`` decoded whole, as ImageFolder's loader gives it (an RGB PIL image), and its label."""
-        data, label = self.dataset.read_image(index)
-        try:
-            return decode_image(bytes(data), "pil"), label
-        except Exception as e:  # decoders raise many types for bad data
-            raise self.dataset.decode_error(index, e) from None
+    def _place_readable(self, batch: Batch, j: int, out: np.ndarray) -> int:
+        """:meth:`place` sample ``j``; under ``on_error="skip"``, the next readable sample instead of
+        a damaged one (its index written into ``batch.indices``)."""
+        n = len(self.dataset)
+        first = int(batch.indices[j])
+        for attempt in range(n):
+            try:
+                return self.place(batch, j, out)
+            except CorruptDataError as e:
+                if self.on_error == "raise":
+                    raise
+                batch.replaced[j] = True
+                log.warning("skipping damaged sample: %s", e)
+                batch.indices[j] = (first + attempt + 1) % n
+        raise CorruptDataError(self.dataset.root, None, "no readable sample left")
 
-    def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
-        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label."""
+    def place(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
+        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label. ``out`` None:
+        the whole image, decoded as ImageFolder's loader does (an RGB PIL image), kept in
+        ``batch.transformed[j]`` for the transform."""
         index = int(batch.indices[j])
+        if out is None:
+            data, label = self.dataset.read_image(index)
+            try:
+                batch.transformed[j] = decode_image(bytes(data), "pil")  # type: ignore[index]
+            except Exception as e:  # decoders raise many types for bad data
+                raise self.dataset.decode_error(index, e) from None
+            return label
         data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
         try:
-            decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out)
+            decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out, self.dataset.restart_rows)
         except Exception as e:  # decoders raise many types for bad data
             raise self.dataset.decode_error(index, e) from None
         return label
@@ -192,17 +211,18 @@ class BatchMaker:
             raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "
                                  "a DataLoader could not collate them either") from None
 
-    def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch, made by the calling thread (a worker process's job). The process's own
-        random generators (torch's, Python's), which per-sample transforms draw from, are seeded from
-        the batch's numbers first, so the batch is the same whichever worker makes it."""
+    def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """A whole batch, made by the calling thread (a worker process's job), and how many damaged
+        samples it skipped. The process's own random generators (torch's, Python's), which
+        per-sample transforms draw from, are seeded from the batch's numbers first, so the batch is
+        the same whichever worker makes it."""
         if self.transform is not None:
             seed = int(np.random.SeedSequence([self.seed, epoch, self.batch_key(number)]).generate_state(1)[0])
             torch.manual_seed(seed)
             random.seed(seed)
         batch = self.start(epoch, number, indices, shared=True)
         self.fill(batch, np.arange(len(indices)))
-        return self.finish(batch)
+        return self.finish(batch), int(batch.replaced.sum())
 
     def _transform(self, index: int, image: torch.Tensor) -> torch.Tensor:
         assert self.transform is not None

@@ -75,7 +75,8 @@ class GpuBatchMaker(BatchMaker):
         except ImportError:
             raise ImportError("decode='gpu' decodes with torchvision's nvJPEG binding: pip install 'stoker[gpu]'") from None
 
-    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False) -> Batch:
+    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
+              pixels: torch.Tensor | None = None) -> Batch:
         """Batch ``number``: its crops drawn as the CPU path draws them; no pixels on the host."""
         return Batch(epoch, number, indices, torch.empty(0, dtype=torch.uint8), torch.empty(len(indices), dtype=torch.int64),
                      self.draws(epoch, number, len(indices)), None, encoded=[None] * len(indices))

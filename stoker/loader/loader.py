@@ -22,26 +22,29 @@ import os
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
-from stoker.data.order import quasi_random_order, rank_share
+from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
-from stoker.loader.batches import Batch, BatchMaker, SampleTransform, ThreadAugment
-from stoker.loader.buffers import ReusedTensors
+from stoker.env import warn_fallback_once
+from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
+from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
+from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset
 
-Order = Literal["quasi_random", "random", "sequential"]
+
+# What the batch-making generators yield: the batch's number, (images, labels), damaged samples skipped.
+_Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
 _log = logging.getLogger(__name__)
 
 
@@ -59,7 +62,8 @@ class Loader:
     whole), ``random`` or ``sequential``. The same ``seed`` and epoch give the same order and the
     same crops whatever ``threads`` is. Each full pass advances the epoch; a pass that was left
     early continues where it stopped, and ``state_dict`` / ``load_state_dict`` resume mid-epoch at
-    the next unseen batch in another process. Batches are ``layout`` NCHW (a view of channels_last
+    the next unseen batch in another process (see :mod:`stoker.state`), reading nothing of the
+    epoch before that point. Batches are ``layout`` NCHW (a view of channels_last
     memory) or NHWC; ``device`` copies them there through pinned memory. Under DDP (``rank`` and
     ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
     rank gets a disjoint share of equal length, padded by repeating the start of the order unless
@@ -82,6 +86,12 @@ class Loader:
     see :func:`stoker.augment.default_device`) decodes each batch with nvJPEG and crops it there
     (stoker/loader/gpu_decode.py; needs CUDA and the ``gpu`` extra). Images nvJPEG cannot take
     are decoded on the CPU, with a warning.
+
+    ``on_error`` (default: the data set's, as ShardDataset has it): ``raise`` stops at a damaged
+    sample with a CorruptDataError naming shard and key; ``skip`` puts the next readable sample in
+    its place (same crop), counts it in ``skipped`` and in :func:`stoker.watch`'s lines. JPEGs the
+    fast decoders refuse are decoded by Pillow, so the Loader and ShardDataset agree on which
+    images are good. Storage that fails (RemoteError) always raises.
     """
 
     def __init__(
@@ -104,19 +114,25 @@ class Loader:
         processes: int = 0,
         mp_context: str | None = None,
         decode: Literal["cpu", "gpu"] = "cpu",
+        on_error: OnError | None = None,
     ) -> None:
         if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
             raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
                              "pass Loader(transform=...) and a data set without transform/target_transform")
-        if order not in ("quasi_random", "random", "sequential"):
+        if order not in ORDERS:
             raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
         if layout not in ("NCHW", "NHWC", None):
             raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
+        on_error = on_error or getattr(dataset, "on_error", "raise")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if on_error == "skip" and decode == "gpu":
+            raise ValueError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
         self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
-        self._plan = _plan(self._maker_type, transform, crop)
-        self.crop = self._plan.crop
+        self._transform_plan = _plan_transform(self._maker_type, transform, crop)
+        self.crop = self._transform_plan.crop
         self.order = order
         # One more thread than cores: a thread waiting on the disk then leaves no core idle. Measured
         # here (2 cores, HDD profile, cold cache) 3 threads gave ~1,320 img/s against ~1,210 for 2;
@@ -130,22 +146,27 @@ class Loader:
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
-            self.device = _gpu_for_decoding(self._maker_type, self._plan, processes, self.device)
+            self.device = _gpu_for_decoding(self._maker_type, self._transform_plan, processes, self.device)
         elif decode != "cpu":
             raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
-        self.rank, self.world_size = _distributed(rank, world_size)
+        else:
+            warn_fallback_once()  # JPEGs decoded whole: the region-decode extension is missing here
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         self.processes = processes
         self.mp_context = mp_context
         self.transform = transform
-        needs_augment = bool(self._plan.ops) or self._plan.stage == "float"
-        self._on_device = needs_augment and not self._plan.per_sample and self.device is not None \
+        needs_augment = bool(self._transform_plan.ops) or self._transform_plan.stage == "float"
+        self._on_device = needs_augment and not self._transform_plan.per_sample and self.device is not None \
             and self.device.type != "cpu"
         self._in_threads_augment = needs_augment and not self._on_device
-        self._reuse = ReusedTensors(keep=self.prefetch + 3)
+        self.on_error = on_error
+        self.skipped = 0  # damaged samples skipped so far, in all passes
+        self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
         self._bounds = dataset.shards.block_bounds()
         self.window = dataset.shards.open_blocks(window)
         self.epoch = 0
-        self._batches_done = 0
+        self._position = 0  # samples of this epoch's share yielded
+        self._dataset = dataset.shards.manifest.digest()
         if transform is not None:
             _log.info("%s", self.explain())
 
@@ -159,124 +180,147 @@ class Loader:
         if self.processes:
             where += f", in {self.processes} worker processes"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        text = head + "\n" + self._plan.explain(where)
-        if self._plan.per_sample and self.processes == 0:
+        text = head + "\n" + self._transform_plan.explain(where)
+        if self._transform_plan.per_sample and self.processes == 0:
             text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
                      "a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
         return text
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
-        n = int(self._bounds[-1])
-        share = n // self.world_size if self.drop_last else -(-n // self.world_size)
+        share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
         return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
         loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already."""
         if epoch != self.epoch:
-            self._batches_done = 0
+            self._position = 0
         self.epoch = epoch
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the loader is: resuming from this yields exactly the batches not yet yielded."""
-        return {"epoch": self.epoch, "batches_done": self._batches_done, "seed": self.seed}
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is (a :class:`stoker.state.Position`): resuming from it yields exactly the
+        batches not yet yielded. Save it with the model's checkpoint, after the step that used the
+        last batch (one per rank, or rank 0's for all: ranks step together)."""
+        return self._record(self.epoch, self._position).to_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a :meth:`state_dict` (the same data set, batch size and rank layout)."""
-        self.epoch, self._batches_done, self.seed = state["epoch"], state["batches_done"], state["seed"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`. A state saved for another data set, world size or
+        batch size, or by a sampler, is refused (StateError)."""
+        saved = Position.from_dict(state)
+        saved.check_fits(self._record(0, 0))
+        if saved.samples_done % self.batch_size and saved.samples_done != self._epoch_samples():
+            raise StateError(f"samples_done={saved.samples_done} is not at a batch boundary (batch size {self.batch_size})")
+        if not 0 <= saved.samples_done <= self._epoch_samples():
+            raise StateError(f"samples_done={saved.samples_done} is outside this rank's epoch of {self._epoch_samples()}")
+        self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        share = self._share(self.epoch)
+        plan = self._plan(self.epoch, self._position)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead = Lookahead(self.dataset.shards, self._bounds, share, self.window, hint_blocks=self.order != "random")
+        ahead = Lookahead(self.dataset.shards, self._bounds, plan.rest, self.window, hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         maker = self._batch_maker()
         make = self._in_processes if self.processes > 0 else self._in_threads
-        batches = make(maker, share, hints, ahead)
+        batches = make(maker, plan, hints, ahead)
         try:
-            for batch, (images, labels) in batches:
-                self._batches_done = batch + 1
-                yield self._deliver(images, labels, maker.augment_step(self.epoch, batch))
-            self.epoch, self._batches_done = self.epoch + 1, 0
+            for batch, (images, labels), skipped in batches:
+                self.skipped += skipped
+                self._position = min((batch + 1) * self.batch_size, len(plan.share))
+                yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
+            self.epoch, self._position = self.epoch + 1, 0
         finally:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
 
+    def watch_note(self) -> str:
+        """For :func:`stoker.watch`'s lines: the damaged samples skipped, when there were any."""
+        return f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped" if self.skipped else ""
+
     def _batch_maker(self) -> BatchMaker:
-        per_sample = PerSample(self._plan.per_sample, self._plan.given) if self._plan.per_sample else None
-        args = (self.dataset, self.crop, per_sample, self.seed, self.rank, self.world_size)
+        steps = self._transform_plan
+        per_sample = PerSample(steps.per_sample, steps.given) if steps.per_sample else None
+        args = (self.dataset, self.crop, per_sample, self.seed, self.rank, self.world_size, self.on_error)
         if self.decode == "gpu":
             from stoker.loader.gpu_decode import GpuBatchMaker
 
             return GpuBatchMaker(*args, device=self.device)
-        augment = None
         if self._in_threads_augment:
-            dtype = torch.uint8 if self._plan.stage == "uint8" else self._plan.dtype
-            augment = ThreadAugment(Augment(*self._plan.ops, seed=self.seed, device="cpu", backend="opencv", threads=1),
-                                    dtype)
-        return self._maker_type(*args, augment=augment, reuse=self._reuse)
+            dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
+            augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
+            return self._maker_type(*args, augment=augment)
+        return self._maker_type(*args)
 
-    def _in_threads(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
-                    ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
-        """Batches made by a pool of threads, ``prefetch`` batches queued ahead of the consumer."""
-        batches = iter(range(self._batches_done, len(self)))
+    def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
+                    ahead: Lookahead) -> Generator[_Made, None, None]:
+        """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
+        ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
+        free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
+        numbers = range(plan.start // self.batch_size, len(self))
+        upcoming = 0  # position in numbers of the next batch to queue
+        if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
+            self._ring = BatchRing((self.batch_size, *maker.buffer_shape()), self.prefetch + 1)
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         pending: deque[tuple[Batch, list[Future]]] = deque()
         try:
-            for batch in batches:
-                pending.append(self._submit(maker, pool, hints, share, batch, ahead))
-                if len(pending) >= self.prefetch:
-                    break
-            while pending:
+            while True:
+                while upcoming < len(numbers) and len(pending) < self.prefetch:
+                    pixels = self._ring.take() if self._ring is not None else None
+                    if pixels is None and pending:
+                        break
+                    pending.append(self._submit(maker, pool, hints, plan, numbers[upcoming], ahead, pixels))
+                    upcoming += 1
+                if not pending:
+                    return
                 batch, futures = pending.popleft()
-                next_batch = next(batches, None)
-                if next_batch is not None:  # queued behind this batch's work: the pool never idles
-                    pending.append(self._submit(maker, pool, hints, share, next_batch, ahead))
                 for future in futures:
                     future.result()
-                yield batch.number, maker.finish(batch)
+                yield batch.number, maker.finish(batch), int(batch.replaced.sum())
         finally:
             for _, futures in pending:
                 for future in futures:
                     future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _in_processes(self, maker: BatchMaker, share: np.ndarray, hints: ThreadPoolExecutor,
-                      ahead: Lookahead) -> Generator[tuple[int, tuple[torch.Tensor, torch.Tensor]], None, None]:
+    def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
+                      ahead: Lookahead) -> Generator[_Made, None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
-        numbers = range(self._batches_done, len(self))
+        numbers = range(plan.start // self.batch_size, len(self))
         queued = self.prefetch * self.processes
-        hints.submit(ahead.advance, self._batches_done * self.batch_size)
-        workers = DataLoader(_EpochBatches(maker, self.epoch, share, self.batch_size), batch_size=None,
+        hints.submit(ahead.advance, 0)
+        workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
                              multiprocessing_context=self.mp_context)
-        for batch, made in zip(numbers, workers):
-            hints.submit(ahead.advance, (batch + queued) * self.batch_size)
-            yield batch, made
+        for batch, (made, skipped) in zip(numbers, workers):
+            hints.submit(ahead.advance, (batch + queued) * self.batch_size - plan.start)
+            yield batch, made, skipped
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
-        return self._share(self.epoch if epoch is None else epoch)
+        return self._plan(self.epoch if epoch is None else epoch).share
 
-    def _share(self, epoch: int) -> np.ndarray:
-        n = int(self._bounds[-1])
-        if self.order == "quasi_random":
-            order = quasi_random_order(self._bounds, self.window, self.seed, epoch)
-        elif self.order == "random":
-            order = np.random.default_rng([self.seed, epoch]).permutation(n)
-        else:
-            order = np.arange(n, dtype=np.int64)
-        return rank_share(order, self.rank, self.world_size, self.drop_last)
+    def _plan(self, epoch: int, start: int = 0) -> EpochPlan:
+        return plan_epoch(self._bounds, order=self.order, window=self.window, seed=self.seed, epoch=epoch, rank=self.rank,
+                          world_size=self.world_size, drop_last=self.drop_last, start=start)
 
-    def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, share: np.ndarray, number: int,
-                ahead: Lookahead) -> tuple[Batch, list[Future]]:
-        """Allocate batch ``number`` and queue its samples on the pool, split across the threads."""
-        hints.submit(ahead.advance, number * self.batch_size)
-        batch = maker.start(self.epoch, number, share[number * self.batch_size : (number + 1) * self.batch_size])
+    def _epoch_samples(self) -> int:
+        """Samples a whole epoch yields on this rank (with ``drop_last``, whole batches only)."""
+        share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
+        return min(share, len(self) * self.batch_size)
+
+    def _record(self, epoch: int, samples_done: int) -> Position:
+        return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
+                        samples_done)
+
+    def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
+                ahead: Lookahead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
+        """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
+        hints.submit(ahead.advance, number * self.batch_size - plan.start)
+        indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
+        batch = maker.start(plan.epoch, number, indices, pixels=pixels)
         # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
         # cache all threads decode what has been read while the rest is read; the batch is the same.
         ordered = ahead.arrival_order(batch.indices)
@@ -286,17 +330,18 @@ class Loader:
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
         batch's draw of the augmentation's parameters)."""
-        if (self.layout == "NCHW" or self._plan.stage == "float") and not self._plan.per_sample:
+        steps = self._transform_plan
+        if (self.layout == "NCHW" or steps.stage == "float") and not steps.per_sample:
             images = images.movedim(-1, -3)  # NCHW view of NHWC memory: torch.channels_last (per frame of a clip)
         if self.device is not None and self.device.type != "cpu":
             if images.device.type == "cpu":  # not decoded on the GPU already (decode="gpu")
                 images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
         if self._on_device:
-            dtype = torch.float32 if self._plan.stage == "uint8" else self._plan.dtype
-            images = Augment(*self._plan.ops, seed=self.seed, device=self.device, dtype=dtype, backend="torch",
+            dtype = torch.float32 if steps.stage == "uint8" else steps.dtype
+            images = Augment(*steps.ops, seed=self.seed, device=self.device, dtype=dtype, backend="torch",
                              layout="NCHW")(images, step=step)
-            if self._plan.stage == "uint8":  # the pipeline's batches are uint8: rounded back
+            if steps.stage == "uint8":  # the pipeline's batches are uint8: rounded back
                 images = images.mul_(255).round_().to(torch.uint8)
         return images, labels
 
@@ -307,12 +352,13 @@ class _EpochBatches(Dataset):
     def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int) -> None:
         self.maker, self.epoch, self.share, self.batch_size = maker, epoch, share, batch_size
 
-    def __getitem__(self, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, number: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
         return self.maker.make(self.epoch, number, indices)
 
 
-def _plan(maker_type: type[BatchMaker], transform: SampleTransform | None, crop: CropSpec | None) -> TransformPlan:
+def _plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,
+                    crop: CropSpec | None) -> TransformPlan:
     """What becomes of ``transform``: a torchvision pipeline over images is translated
     (torchvision_plan.py); over video clips, any transform runs per clip as given."""
     if maker_type is BatchMaker:
@@ -349,15 +395,3 @@ def _maker_type(dataset: ShardDataset | VideoClipDataset) -> type[BatchMaker]:
     if not isinstance(dataset, VideoClipDataset):
         raise TypeError(f"Loader reads a ShardDataset or a VideoClipDataset, got {type(dataset).__name__}")
     return ClipBatchMaker
-
-
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: given, else torch.distributed's, else RANK / WORLD_SIZE, else (0, 1)."""
-    if rank is None or world_size is None:
-        if dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} out of range for world size {world_size}")
-    return rank, world_size

@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stoker.errors import PackError
+from stoker.errors import OptionError, PackError
 from stoker.format import (
     DEFAULT_SHARD_BYTES,
     MANIFEST_NAME,
@@ -42,9 +44,11 @@ from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_fiel
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.local_engine import run_local
-from stoker.pack.options import ImageOptions, VideoOptions
+from stoker.pack.options import ImageOptions, VideoOptions, pack_options
+from stoker.pack.restarts import check_available, summarize
 from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
-from stoker.sources import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadInput, Source, open_source
+from stoker.ranges import PACK_WORKERS, SHARD_BYTES, SHUFFLE_SEED
+from stoker.sources import BadInput, Source, open_source
 from stoker.storage.publish import Upload, publish
 from stoker.storage.remote import is_url
 from stoker.version import __version__
@@ -66,6 +70,9 @@ class PackResult:
     reused_shards: int
     seconds: float
     notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
+    skipped_extensions: dict[str, int] = field(default_factory=dict)  # folder files not listed, per extension
+    repeated_folders: int = 0  # links to folders already listed, not followed again
+    restarts: dict[str, object] | None = None  # restart_rows: images transcoded, kept, and why (see restarts.summarize)
 
 
 def pack(
@@ -76,8 +83,9 @@ def pack(
     workers: int | None = None,
     shuffle_seed: int | None = None,
     max_side: int | None = None,
-    quality: int = 90,
+    quality: int | None = None,
     verify_decode: bool = False,
+    restart_rows: bool = False,
     strict: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
@@ -85,9 +93,10 @@ def pack(
     fps: float | None = None,
     short_side: int | None = None,
     gop: int | None = None,
-    crf: int = 23,
+    crf: int | None = None,
     engine: str = "local",
     address: str | None = None,
+    extensions: str | Sequence[str] | None = None,
 ) -> PackResult:
     """Pack ``src`` into shards in ``dst``. ``src`` is an ImageFolder tree, a CSV/TSV of
     ``path,label``, Parquet files holding encoded images (a file or a folder of them, as Hugging
@@ -103,6 +112,18 @@ def pack(
     decoding (see stoker/pack/videos.py). Videos whose header frame count is wrong are listed in
     ``PackResult.notes``.
 
+    A folder source lists the files with ImageFolder's extensions (video extensions with
+    ``video_mode``), or ``extensions`` (``["jpg", "gif"]``, ``"jpg,gif"``; ``"+gif"`` adds to
+    the default list); the files it leaves out are counted per extension in
+    ``PackResult.skipped_extensions`` and the manifest.
+
+    Every option is checked first (stoker/ranges.py; one that applies only to another mode, such
+    as ``gop`` without ``video_mode="video"``, is refused): OptionError, before anything is read.
+    ``restart_rows`` transcodes each baseline JPEG losslessly (the same DCT coefficients, checked)
+    with restart markers at every MCU row and a table of where they are, so that stoker.Loader
+    decodes only the rows its crop needs (see stoker/pack/restarts.py); other images are stored
+    as they are, and ``PackResult.restarts`` counts both. Otherwise images keep their bytes.
+
     Bad inputs are skipped and listed in ``dst/rejected.tsv`` (``strict`` stops at the first).
     Raises PackError when it cannot finish; completed shards are kept for the next run.
 
@@ -116,28 +137,34 @@ def pack(
     same, byte for byte, as the local engine's, which uses ``workers`` processes on this machine.
     """
     if engine not in ("local", "ray"):
-        raise PackError(f"engine must be local or ray, got {engine!r}")
+        raise OptionError(f"engine={engine!r} (--engine): must be 'local' or 'ray'")
+    if video_mode not in (None, "frames", "video"):
+        raise OptionError(f"video_mode={video_mode!r} (--video-mode): must be 'frames' or 'video'")
+    if address is not None and engine != "ray":
+        raise OptionError(f"address={address!r} (--address) applies only with engine='ray' (--engine ray)")
+    SHARD_BYTES.check(shard_bytes)
+    for option, value in ((PACK_WORKERS, workers), (SHUFFLE_SEED, shuffle_seed)):
+        if value is not None:
+            option.check(value)
+    image_options, video = pack_options(video_mode, max_side, quality, verify_decode, fps, short_side, gop, crf,
+                                        restart_rows)
+    if restart_rows:
+        check_available()
     upload = Upload(str(dst), storage_options or {}) if is_url(dst) else None
     if upload is not None:  # the plan and records live here; each task writes its shards in its own node's scratch
         dst = upload.scratch
     started = time.perf_counter()
-    if video_mode not in (None, "frames", "video"):
-        raise PackError(f"video mode must be frames or video, got {video_mode!r}")
-    source = open_source(src, videos=video_mode is not None)
+    source = open_source(src, videos=video_mode is not None, extensions=extensions)
     dst = Path(dst)
     check_destination(source, dst)
-    image_options = ImageOptions(max_side, quality, verify_decode)
-    if gop is not None and (video_mode != "video" or gop < 1):
-        raise PackError(f"gop={gop}: a keyframe interval of 1 or more, with video_mode='video'")
-    if not 0 <= crf <= 51:
-        raise PackError(f"crf={crf}: x264's quality scale runs from 0 (lossless) to 51")
-    video = VideoOptions(video_mode, fps, short_side, quality, gop, crf) if video_mode else None
-    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, asdict(image_options), shard_bytes,
+    # restart_rows only when set: packs of earlier versions resume and are recognized as before
+    digested = {k: v for k, v in asdict(image_options).items() if k != "restart_rows" or v}
+    plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, digested, shard_bytes,
                               shuffle_seed, *([asdict(video)] if video else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
                **({"video": asdict(video)} if video else {})}
     if upload is not None and MANIFEST_NAME in upload.sizes():  # uploaded in full by an earlier run
-        manifest = Manifest.from_json(upload.read(MANIFEST_NAME).decode(), f"{upload.url}/{MANIFEST_NAME}")
+        manifest = Manifest.from_json(upload.read(MANIFEST_NAME), f"{upload.url}/{MANIFEST_NAME}")
         return replace(_existing_result(manifest, dst, plan_digest, started), dst=upload.url)
     try:
         dst.mkdir(parents=True, exist_ok=True)
@@ -181,7 +208,8 @@ def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, 
     source_bytes = sum(record.source_bytes for record in records)
     notes = [n for record in records for n in record.notes]
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      source_bytes, rejected, reused, time.perf_counter() - started, notes)
+                      source_bytes, rejected, reused, time.perf_counter() - started, notes,
+                      source.skipped_extensions, source.repeated_folders, manifest.source.get("restart_rows"))
 
 
 def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
@@ -212,7 +240,10 @@ def _existing_result(manifest: Manifest, dst: Path, plan_digest: str, started: f
         raise PackError(f"{dst}: already holds a stoker data set made from other input or options; "
                         "pack into a new folder or delete it first")
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      0, [], len(manifest.shards), time.perf_counter() - started)
+                      0, [], len(manifest.shards), time.perf_counter() - started,
+                      skipped_extensions=manifest.source.get("skipped_extensions", {}),
+                      repeated_folders=manifest.source.get("repeated_folders", 0),
+                      restarts=manifest.source.get("restart_rows"))
 
 
 def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: ImageOptions,
@@ -237,7 +268,7 @@ def _samples_per_shard(source: Source, work_dir: Path, plan_digest: str, image: 
         reads = source.inputs.read(refs) if video is None else repeat(None)
         for ref, read in zip(refs, reads):
             try:
-                members, original_size, _, _ = load_members(ref, probe, read)
+                members, original_size, _, _, _ = load_members(ref, probe, read)
                 stored_sizes.append(sum(len(data) for _, data in members))
                 original_sizes.append(original_size)
             except (BadInput, OSError):
@@ -338,28 +369,39 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
         shards.append(ShardEntry(**{**asdict(record.entry), "start": start}))
         start += record.entry.count
         fields.update(dict.fromkeys(record.fields))
-    schema = {f: _field_kind(f) for f in fields}
+    schema = {f: _field_kind(f, "video" in options) for f in fields}
+    restarts = {}
+    if options.get("restart_rows"):
+        restarts = {"restart_rows": summarize(sum((Counter(record.restarts) for record in records), Counter()))}
     return Manifest(
         num_samples=start,
         shards=shards,
         schema=schema,
         classes=source.classes,
         source={"kind": source.kind, "path": str(source.root), "listed": len(source), "options": options,
-                "plan": plan_digest},
+                "plan": plan_digest, **_not_listed(source), **restarts},
         created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     )
 
 
-def _field_kind(field_name: str) -> str:
+def _not_listed(source: Source) -> dict[str, Any]:
+    """What a folder source left out: files per extension, links to folders already listed."""
+    if not source.kind.endswith("_folder"):
+        return {}
+    return {"skipped_extensions": source.skipped_extensions, "repeated_folders": source.repeated_folders}
+
+
+def _field_kind(field_name: str, videos: bool) -> str:
+    """Every member a pack writes besides the class and a video's frames and frame table is the
+    input itself, checked as an image (named after its extension or format: ``jpg``, ``gif``) or
+    stored as a video."""
     if field_name == CLASS_FIELD:
         return "class"
     if field_name == FRAME_TABLE_FIELD:
         return "frame_table"
     if is_frame_field(field_name):
         return "frame"
-    if f".{field_name}" in VIDEO_EXTENSIONS:
-        return "video"
-    return "image" if f".{field_name}" in IMAGE_EXTENSIONS else "bytes"
+    return "video" if videos else "image"
 
 
 def _one_cell(text: str) -> str:

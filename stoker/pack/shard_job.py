@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
@@ -19,6 +20,7 @@ from stoker.format import NO_LABEL, ShardEntry, atomic_write
 from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack.images import inspect_image, shrink_image
 from stoker.pack.options import ImageOptions, VideoOptions
+from stoker.pack.restarts import keep_freed_memory, with_restart_markers
 from stoker.pack.writer import ShardWriter
 from stoker.sources.inputs import BadInput, Files, Inputs, Read
 from stoker.storage.publish import Upload
@@ -58,6 +60,7 @@ class ShardRecord:
     fields: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
+    restarts: dict[str, int] = field(default_factory=dict)  # --restart-rows: images transcoded, and kept by reason
 
     def save(self, work_dir: str | os.PathLike) -> None:
         """Write the record atomically into the work folder; its presence marks the shard finished."""
@@ -70,42 +73,48 @@ class ShardRecord:
             data = json.loads((Path(work_dir) / f"{name}.json").read_text(encoding="utf-8"))
             entry = ShardEntry(**data["entry"]) if data["entry"] else None
             return cls(data["name"], data["digest"], entry, data["source_bytes"], data["fields"],
-                       [tuple(r) for r in data["rejected"]], [tuple(n) for n in data.get("notes", [])])
+                       [tuple(r) for r in data["rejected"]], [tuple(n) for n in data.get("notes", [])],
+                       {str(k): int(v) for k, v in data.get("restarts", {}).items()})
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
 
-def check_sample(name: str, data: bytes, options: ImageOptions, named: bool = True) -> tuple[str, bytes, int]:
-    """Check one image; return its field name, the bytes to store and the source size. The field
-    is the extension of ``name`` when ``named`` (files, tar members) and it has one, else the
-    format's usual extension."""
+def check_sample(name: str, data: bytes, options: ImageOptions, named: bool = True) -> tuple[str, bytes, int, str]:
+    """Check one image; return its field name, the bytes to store, the source size and, with
+    ``options.restart_rows``, whether it was transcoded with restart markers or why not (else "").
+    The field is the extension of ``name`` when ``named`` (files, tar members) and it has one,
+    else the format's usual extension."""
     info = inspect_image(data, full_decode=options.verify_decode, max_pixels=options.max_pixels)
     extension = os.path.splitext(name)[1].lower().lstrip(".") if named else ""
     field_name = extension or FORMAT_FIELDS.get(info.format, info.format.lower())
+    stored = data
     if options.max_side is not None:
         try:
             shrunk = shrink_image(data, info, options.max_side, options.quality)
         except Exception as e:  # Pillow raises many types for bad data
             raise BadInput(f"decode failed while shrinking ({type(e).__name__}: {e})") from None
         if shrunk is not None:
-            return "jpg", shrunk, len(data)
-    return field_name, data, len(data)
+            field_name, info, stored = "jpg", replace(info, format="JPEG"), shrunk
+    restarts = ""
+    if options.restart_rows:
+        stored, restarts = with_restart_markers(stored, info.format)
+    return field_name, stored, len(data), restarts
 
 
 def load_members(ref: Any, job: ShardJob, read: Read | None,
-                 span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None, int | None]:
+                 span: tuple = ()) -> tuple[list[tuple[str, bytes]], int, str | None, int | None, str]:
     """The members of one input (an image given by ``read``, or with ``job.video`` the video file
-    ``ref``, of which ``span`` is the (start, end) seconds to keep), its size, a note, and the
-    label that came with the input (None: the listing's)."""
+    ``ref``, of which ``span`` is the (start, end) seconds to keep), its size, a note, the
+    label that came with the input (None: the listing's) and what --restart-rows did (see check_sample)."""
     if job.video is not None:
         from stoker.pack.videos import load_video  # PyAV only when packing videos
 
-        return (*load_video(ref, job.video, span), None)
+        return (*load_video(ref, job.video, span), None, "")
     if isinstance(read, BadInput):
         raise read
     data, label = read
-    field_name, data, original_size = check_sample(job.inputs.name(ref), data, job.image, job.inputs.named)
-    return [(field_name, data)], original_size, None, label
+    field_name, data, original_size, restarts = check_sample(job.inputs.name(ref), data, job.image, job.inputs.named)
+    return [(field_name, data)], original_size, None, label, restarts
 
 
 def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
@@ -116,10 +125,13 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     """
     if job.upload is not None:
         job = replace(job, dst=str(job.upload.scratch), work_dir=str(job.upload.scratch / WORK_DIR_NAME))
+    if job.image.restart_rows:
+        keep_freed_memory()
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     rejected: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
+    restart_counts: Counter[str] = Counter()
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
@@ -127,7 +139,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
             for (ref, key, label, *span), read in zip(job.items, reads):
                 name = job.inputs.name(ref)
                 try:
-                    members, original_size, note, read_label = load_members(ref, job, read, tuple(span))
+                    members, original_size, note, read_label, restarts = load_members(ref, job, read, tuple(span))
                 except BadInput as e:
                     if job.strict:
                         raise PackError(f"{name}: {e.reason} (stopped by --strict)") from None
@@ -136,6 +148,8 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
                     label = label if read_label is None else read_label
                     if note:
                         notes.append((name, note))
+                    if restarts:
+                        restart_counts[restarts] += 1
                     if label != NO_LABEL:
                         members.append((CLASS_FIELD, str(label).encode("ascii")))
                     writer.add(key, label, members)
@@ -157,7 +171,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
         _move_to(job.upload, Path(job.dst), entry)
     if progress:
         progress(done, done_bytes)
-    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes)
+    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes, dict(restart_counts))
     try:
         record.save(job.work_dir)
     except OSError as e:

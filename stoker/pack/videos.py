@@ -21,7 +21,7 @@ from PIL import Image
 
 from stoker.format.layout import FRAME_TABLE_FIELD, frame_field
 from stoker.pack.options import VideoOptions
-from stoker.sources.inputs import BadInput
+from stoker.sources.inputs import BadInput, read_regular_file
 from stoker.video.table import FrameTable, VideoError, scan_video
 
 
@@ -30,11 +30,7 @@ def load_video(path: str, options: VideoOptions, span: tuple = ()) -> tuple[list
     ``span``: (start, end) seconds from the first frame to keep (None: from the start, to the
     end); in video mode the whole file is stored and its frame table lists only those frames.
     BadInput (with the reason) for a file that is not a readable video."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BadInput(f"cannot read: {e.strerror or e}") from None
+    data = read_regular_file(path)
     try:
         if options.mode == "video":
             if options.gop is None:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 
 from stoker.errors import PackError
 from stoker.format import NO_LABEL
-from stoker.sources.inputs import BadInput, DatasetItems, ParquetRows, TarMembers
+from stoker.sources.inputs import BadInput, DatasetItems, ParquetRows, TarMembers, file_kind
 from stoker.sources.listing import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
 
 log = logging.getLogger("stoker.pack")
@@ -30,11 +31,12 @@ LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column 
 LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
 
 
-def archives_in(src: Path) -> list[Path]:
+def archives_in(src: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> list[Path]:
     """The Parquet or tar files that ``src`` is (a file), matches (a glob pattern such as
     ``data/train-*.parquet``) or holds (Parquet anywhere below, tar files directly in it); empty
     when it is none of these, or an image folder (class folders holding images win over a stray
-    ``metadata.parquet``). A folder holding several Hugging Face splits or configs is refused."""
+    ``metadata.parquet``; images are files with ``extensions``). A folder holding several Hugging
+    Face splits or configs is refused."""
     if not src.exists() and any(c in str(src) for c in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(src)) if p.lower().endswith((".parquet", ".tar")))
         if not files:
@@ -42,7 +44,7 @@ def archives_in(src: Path) -> list[Path]:
         return files
     if src.is_file():
         return [src] if src.suffix.lower() in (".parquet", ".tar") else []
-    if not src.is_dir() or _holds_class_folders_of_images(src):
+    if not src.is_dir() or _holds_class_folders_of_images(src, extensions):
         return []
     parquet = sorted(src.rglob("*.parquet"))
     splits = sorted({split for p in parquet if (split := _split_of(p)) is not None})
@@ -50,7 +52,7 @@ def archives_in(src: Path) -> list[Path]:
         names = ", ".join(f"{folder.relative_to(src) / name}" for folder, name in splits[:4])
         raise PackError(f"{src}: holds several splits or configs ({names}); pack one: give its folder or a pattern "
                         f"such as {splits[0][0] / (splits[0][1] + '-*.parquet')}")
-    return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+    return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and not p.is_dir())
 
 
 def _split_of(parquet: Path) -> tuple[Path, str] | None:
@@ -63,17 +65,22 @@ def _split_of(parquet: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _holds_class_folders_of_images(src: Path) -> bool:
+def _holds_class_folders_of_images(src: Path, extensions: tuple[str, ...]) -> bool:
     """Whether a class folder of ``src`` holds an image file directly (the first few looked at)."""
     for folder in sorted(p for p in src.iterdir() if p.is_dir())[:8]:
-        if any(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder)):
+        if any(entry.name.lower().endswith(extensions) for entry in os.scandir(folder)):
             return True
     return False
 
 
-def list_archives(src: Path, files: list[Path]) -> Source:
-    """List Parquet files or WebDataset tar shards, by the first file's suffix."""
-    return list_parquet(src, files) if files[0].suffix.lower() == ".parquet" else list_tar_shards(src, files)
+def list_archives(src: Path, files: list[Path], extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Source:
+    """List Parquet files or WebDataset tar shards, by the first file's suffix; the image member
+    of a tar sample is its first with one of ``extensions``. A file that is not a regular file (a
+    FIFO, a device) is refused without being opened."""
+    for file in files:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            raise PackError(f"{file}: not a regular file but {file_kind(file)}")
+    return list_parquet(src, files) if files[0].suffix.lower() == ".parquet" else list_tar_shards(src, files, extensions)
 
 
 def list_parquet(src: Path, files: list[Path]) -> Source:
@@ -154,7 +161,7 @@ def _class_names(schema: Any, label_column: str | None) -> list[str] | None:
         return None
 
 
-def list_tar_shards(src: Path, files: list[Path]) -> Source:
+def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Source:
     """Samples of WebDataset tar shards: members grouped by key (the name up to the first dot
     of its last part), the first image member as the image, and a ``.cls`` (or ``.label``)
     member as the label."""
@@ -169,7 +176,7 @@ def list_tar_shards(src: Path, files: list[Path]) -> Source:
                         key, _, field = base.partition(".")
                         samples.setdefault(f"{folder}/{key}" if folder else key, {})[field.lower()] = member
                 for key, fields in samples.items():
-                    image = next((m for f, m in fields.items() if f".{f.rsplit('.', 1)[-1]}" in IMAGE_EXTENSIONS), None)
+                    image = next((m for f, m in fields.items() if f".{f.rsplit('.', 1)[-1]}" in extensions), None)
                     refs.append((str(tar), image.offset_data if image else -1, image.size if image else 0,
                                  image.name if image else key))
                     names.append(f"{tar.stem}/{key}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,14 +65,40 @@ class Files:
     def read(self, refs: Sequence[str]) -> Iterator[Read]:
         for path in refs:
             try:
-                with open(path, "rb") as f:
-                    yield f.read(), None
-            except OSError as e:
-                yield BadInput(f"cannot read: {e.strerror or e}")
+                yield read_regular_file(path), None
+            except BadInput as e:
+                yield e
 
     def mean_size(self, refs: Sequence[str]) -> float:
         sizes = [os.path.getsize(path) for path in refs if os.path.isfile(path)]
         return float(np.mean(sizes)) if sizes else 1.0
+
+
+def read_regular_file(path: str | os.PathLike) -> bytes:
+    """The bytes of the file at ``path``; BadInput when it cannot be read, or is not a regular
+    file: a FIFO, socket or device, or a link to one, is refused after a stat, without being
+    opened (reading a FIFO waits forever for a writer, /dev/zero never ends, opening some
+    devices acts on them)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise BadInput(f"not a regular file: {file_kind(path)}")
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path (a Dataset's or a Parquet file's)
+        raise BadInput(f"cannot read: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What ``path`` is, in words, for a message: ``a FIFO (named pipe)``, ``a symbolic link to a
+    character device (/dev/zero)``, ``missing`` ..."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"cannot stat: {e.strerror or e}"
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "not a file")
+    return f"a symbolic link to {kind} ({os.path.realpath(path)})" if os.path.islink(path) else kind
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,14 @@ so a rerun after a kill sees the same plan and can resume.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stoker.errors import PackError
+from stoker.errors import OptionError, PackError
 from stoker.format import NO_LABEL
 from stoker.sources.inputs import Files, Inputs
 
@@ -39,9 +39,41 @@ class Source:
     spans: np.ndarray | None = None  # videos: (start, end) seconds per path, NaN where not given
     inputs: Inputs = field(default_factory=Files)
     identity: Any = None  # what the plan's digest holds for the source, when not its refs (a Dataset)
+    skipped_extensions: dict[str, int] = field(default_factory=dict)  # folders: files not listed, per extension
+    repeated_folders: int = 0  # folders: links to a folder already listed, not listed again
 
     def __len__(self) -> int:
         return len(self.refs)
+
+
+def choose_extensions(extensions: str | Iterable[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The file extensions to list: ``default`` for None; else the given ones (``gif``, ``.GIF``
+    and ``.gif`` alike; a comma-separated string too), each marked ``+`` (``+gif``) added to
+    ``default`` instead of replacing it. OptionError for an empty list or a name that is not an extension."""
+    if extensions is None:
+        return default
+    given = extensions.split(",") if isinstance(extensions, str) else list(extensions)
+    chosen: list[str] = []
+    for item in given:
+        text = str(item).strip().lower()
+        if text.startswith("+"):
+            text = text[1:]
+            chosen.extend(e for e in default if e not in chosen)
+        text = "." + text.lstrip(".")
+        if not re.fullmatch(r"\.[a-z0-9_][a-z0-9_.-]*", text):
+            raise OptionError(f"extensions={extensions!r} (--extensions): {item!r} is not a file extension "
+                              "(give them as jpg,png,gif; +gif adds to the default list)")
+        if text not in chosen:
+            chosen.append(text)
+    if not chosen:
+        raise OptionError(f"extensions={extensions!r} (--extensions): no extension given")
+    return tuple(chosen)
+
+
+def counted_extensions(counts: dict[str, int]) -> str:
+    """Counts of files per extension in words: ``2 .gif, 1 .txt, 3 without extension``."""
+    ordered = sorted(counts.items(), key=lambda item: (item[0] == "", item[0]))
+    return ", ".join(f"{n} {extension or 'without extension'}" for extension, n in ordered)
 
 
 def parse_labels(raw: list[str], where: Callable[[int], str]) -> tuple[np.ndarray, list[str] | None]:

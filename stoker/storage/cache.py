@@ -44,6 +44,7 @@ from typing import Any
 from stoker.errors import LocalWriteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
+from stoker.ranges import CACHE_LIMIT
 from stoker.storage.locks import exclusive, is_locked
 from stoker.storage.remote import RemoteData
 
@@ -64,8 +65,8 @@ class ShardCache:
 
     def __init__(self, cache_dir: str | os.PathLike, source: str | os.PathLike, shards: list[ShardEntry],
                  limit: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
-        if limit is not None and limit <= 0:
-            raise ValueError(f"cache_limit must be a positive number of bytes, got {limit}")
+        if limit is not None:
+            CACHE_LIMIT.check(limit)
         self.cache_dir = Path(cache_dir)
         self.source = source if isinstance(source, str) and "://" in source else str(Path(source).resolve())
         self.shards = shards

@@ -39,12 +39,18 @@ def resident_bytes(path: str | os.PathLike) -> int:
     Tells whether :func:`evict` worked: file systems such as NFS, FUSE or tmpfs may ignore
     DONTNEED, and then "cold" figures are warm ones.
     """
+    pages = resident_pages(path)
+    return min(os.stat(path).st_size, int(np.count_nonzero(pages)) * mmap.PAGESIZE)
+
+
+def resident_pages(path: str | os.PathLike) -> np.ndarray:
+    """Which pages of ``path`` are in the page cache: one bool per ``mmap.PAGESIZE`` bytes."""
     libc = _libc()
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
-            return 0
+            return np.zeros(0, bool)
         address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), f"mmap failed on {path}")
@@ -56,7 +62,7 @@ def resident_bytes(path: str | os.PathLike) -> int:
             libc.munmap(ctypes.c_void_p(address), size)
     finally:
         os.close(fd)
-    return min(size, int(np.count_nonzero(vector & 1)) * mmap.PAGESIZE)
+    return (vector & 1).astype(bool)
 
 
 @functools.cache

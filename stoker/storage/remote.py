@@ -60,14 +60,14 @@ class RemoteData:
         """A local folder holding this data set's manifest and every index, fetched if missing or damaged."""
         folder = cache_root() / "metadata" / hashlib.sha256(self.url.encode()).hexdigest()[:24]
         folder.mkdir(parents=True, exist_ok=True)
-        text = self.read(MANIFEST_NAME).decode("utf-8")
+        text = self.read(MANIFEST_NAME)
         manifest = Manifest.from_json(text, f"{self.url}/{MANIFEST_NAME}")
         missing = [entry.index for entry in manifest.shards if not intact(folder / check_name(entry.index),
                                                                            entry.index_bytes, entry.index_checksum)]
         for start in range(0, len(missing), _BATCH):
             for name, data in self.read_many(missing[start : start + _BATCH]).items():
                 atomic_write(folder / name, data)
-        atomic_write(folder / MANIFEST_NAME, text.encode("utf-8"))
+        atomic_write(folder / MANIFEST_NAME, text)
         return folder
 
     def read(self, name: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -20,9 +20,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from stoker.errors import RemoteError
-from stoker.format import MANIFEST_NAME, Manifest, write_manifest
+from stoker.errors import LocalWriteError, RemoteError
+from stoker.format import MANIFEST_NAME, Manifest, atomic_write
 from stoker.format.layout import check_name
+from stoker.ranges import BACKOFF, RETRIES
 from stoker.storage.locks import exclusive
 from stoker.storage.remote import RemoteData, intact
 
@@ -54,13 +55,19 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
     after ``backoff`` seconds, then twice that, and so on (default 0.5 to 8 s, 15.5 s in all).
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``, timeouts).
     """
+    RETRIES.check(retries)
+    BACKOFF.check(backoff)
     started = time.perf_counter()
     source = RemoteData(src, storage_options, retries=retries, backoff=backoff, error=StageError)
     dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        kind = "a file is there" if isinstance(e, FileExistsError) else e.strerror or str(e)
+        raise LocalWriteError(f"{dst}: cannot stage into it ({kind}); DST is a folder, new or a previous stage's") from None
     with exclusive(dst / STAGE_LOCK_NAME):
         _remove_partials(dst)
-        text = source.read(MANIFEST_NAME).decode("utf-8")
+        text = source.read(MANIFEST_NAME)
         manifest = Manifest.from_json(text, f"{source.url}/{MANIFEST_NAME}")
         files = [(check_name(s.name), s.bytes, s.checksum) for s in manifest.shards]
         files += [(check_name(s.index), s.index_bytes, s.index_checksum) for s in manifest.shards]
@@ -76,8 +83,8 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
                     fetched += 1
                     fetched_bytes += size
                 bar.update(size)
-        if not (dst / MANIFEST_NAME).is_file() or (dst / MANIFEST_NAME).read_text(encoding="utf-8") != text:
-            write_manifest(dst, manifest)
+        if not (dst / MANIFEST_NAME).is_file() or (dst / MANIFEST_NAME).read_bytes() != text:
+            atomic_write(dst / MANIFEST_NAME, text)  # a copy, byte for byte: its checksum is the source's
     return StageResult(dst, fetched, skipped, fetched_bytes, time.perf_counter() - started)
 
 

@@ -16,7 +16,8 @@ from stoker.data.readers import ShardReader
 from stoker.data.shards import ShardSet
 from stoker.errors import CorruptDataError, StokerError
 from stoker.format import member_checksum
-from stoker.format.layout import FRAME_TABLE_FIELD, frame_field
+from stoker.format.layout import FRAME_TABLE_FIELD, frame_field, is_frame_field
+from stoker.ranges import CLIP_FPS
 from stoker.video.decode import decode_frames
 from stoker.video.sampling import Sampling, clip_indices
 from stoker.video.table import FrameTable, VideoError
@@ -44,6 +45,8 @@ class VideoClipDataset(torch.utils.data.Dataset):
                  cache_limit: int | None = None) -> None:
         if layout not in ("THWC", "TCHW"):
             raise ValueError(f"layout must be THWC or TCHW, got {layout!r}")
+        if fps is not None:
+            CLIP_FPS.check(fps)
         self.root = os.fspath(path)
         self.clip_len, self.stride, self.sampling, self.clips_per_video, self.fps = (clip_len, stride, sampling,
                                                                                       clips_per_video, fps)
@@ -102,7 +105,16 @@ class VideoClipDataset(torch.utils.data.Dataset):
         shard, local = self.shards.locate(index)
         reader = self.shards.reader(shard)
         members = {reader.index.fields[int(m["field"])]: m for m in reader.index.sample_members(local)}
-        table = FrameTable.from_json(reader.read_member(local, members[FRAME_TABLE_FIELD]))
+        if FRAME_TABLE_FIELD not in members:
+            raise CorruptDataError(reader.path, reader.index.key(local), f"no {FRAME_TABLE_FIELD} member")
+        try:
+            table = FrameTable.from_json(reader.read_member(local, members[FRAME_TABLE_FIELD]))
+        except VideoError as e:
+            raise CorruptDataError(reader.path, reader.index.key(local), str(e)) from None
+        frames = sum(1 for name in members if is_frame_field(name))
+        if self.mode == "frames" and frames != len(table):
+            raise CorruptDataError(reader.path, reader.index.key(local), f"damaged {FRAME_TABLE_FIELD}: lists "
+                                   f"{len(table)} frames, the sample holds {frames}")
         return StoredVideo(reader, local, members, table)
 
     def pick_frames(self, video: StoredVideo, rng: np.random.Generator) -> np.ndarray:

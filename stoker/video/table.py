@@ -16,6 +16,7 @@ import av
 import numpy as np
 
 from stoker.errors import StokerError
+from stoker.format.layout import FRAME_TABLE_FIELD
 
 _PACKET_FIELDS = ("offset", "size", "pts", "key")
 # Codecs decoded from packet byte ranges plus extradata alone, skipping unreferenced frames per
@@ -114,14 +115,34 @@ class FrameTable:
 
     @classmethod
     def from_json(cls, data: bytes | memoryview) -> FrameTable:
-        """The table a ``frames.json`` member describes (see :meth:`to_json`)."""
-        table = json.loads(bytes(data))
-        pts = np.asarray(table["pts"], np.int64)
-        keyframe = np.asarray(table["keyframe"], bool) if "keyframe" in table else np.ones(len(pts), bool)
-        # tables written before packets had key flags are read through the container
-        packets = PacketIndex.from_dict(table["packets"]) if "key" in table.get("packets", {}) else None
-        return cls(pts, keyframe, Fraction(*table["time_base"]), table["size"][0], table["size"][1], table["codec"],
-                   table["header_frames"], table.get("seekable", True), packets)
+        """The table a ``frames.json`` member describes (see :meth:`to_json`); VideoError saying
+        what is wrong when the member is not such a table (damaged, or edited by hand)."""
+        try:
+            table = json.loads(bytes(data))
+            pts = _integers(table["pts"], "pts")
+            keyframe = _integers(table["keyframe"], "keyframe") if "keyframe" in table else np.ones(len(pts), np.int64)
+            time_base = [int(v) for v in table["time_base"]]
+            width, height = (int(v) for v in table["size"])
+            # tables written before packets had key flags are read through the container
+            packets = PacketIndex.from_dict(table["packets"]) if "key" in table.get("packets", {}) else None
+            header_frames, seekable, codec = int(table["header_frames"]), table.get("seekable", True), table["codec"]
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:  # UnicodeDecodeError: a ValueError
+            raise VideoError(f"damaged {FRAME_TABLE_FIELD}: {type(e).__name__}: {e}") from None
+        problem = (
+            "no frames" if len(pts) == 0
+            else "pts do not increase" if np.any(np.diff(pts) <= 0)
+            else "keyframe flags do not match the frames" if len(keyframe) != len(pts)
+            else f"time base {time_base} is not two positive integers" if len(time_base) != 2 or min(time_base) <= 0
+            else f"size {width}x{height} has no pixels" if min(width, height) <= 0
+            else "the packet arrays differ in length" if packets is not None and len(set(map(len, (
+                packets.offset, packets.size, packets.pts, packets.key)))) != 1
+            else "codec is not a name" if not isinstance(codec, str)
+            else None
+        )
+        if problem:
+            raise VideoError(f"damaged {FRAME_TABLE_FIELD}: {problem}")
+        return cls(pts, keyframe.astype(bool), Fraction(*time_base), width, height, codec, header_frames,
+                   bool(seekable), packets)
 
     def keyframe_before(self, i: int) -> int:
         """The last keyframe at or before frame ``i`` (decoding frame ``i`` starts there)."""
@@ -218,6 +239,14 @@ def _seeks_land_exactly(container: av.container.InputContainer, stream: av.video
         if frame is None or frame.pts != int(table.pts[k]):
             return False
     return True
+
+
+def _integers(values: object, name: str) -> np.ndarray:
+    """A JSON list of integers as an int64 array; ValueError for anything else."""
+    array = np.asarray(values)
+    if array.ndim != 1 or (len(array) and array.dtype.kind not in "iub"):
+        raise ValueError(f"{name} is not a list of integers")
+    return array.astype(np.int64)
 
 
 def _reason(error: Exception) -> str:

@@ -1,0 +1,27 @@
+"""Reader: stoker.Loader as stoker_loader.py runs it, with stoker's region-decode extension refused
+at import, so JPEGs are decoded whole by simplejpeg: what an install built without libjpeg-turbo's
+headers runs. Only this script refuses the extension; the library has no switch for it."""
+
+from __future__ import annotations
+
+import sys
+
+import stoker_loader
+
+EXTENSION = "stoker.loader._jpeg_region"
+
+
+class RefuseRegionDecode:
+    """An import hook that makes importing the extension fail as if it had not been built."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == EXTENSION:
+            raise ImportError(f"{EXTENSION} refused by {__file__}")
+
+
+if __name__ == "__main__":
+    sys.meta_path.insert(0, RefuseRegionDecode())
+    stoker_loader.main()
+    decode_crop = sys.modules.get("stoker.loader.decode_crop")  # imported by a run, not by prepare
+    if decode_crop is not None and decode_crop.decode_region is not None:
+        sys.exit(f"{EXTENSION} was used: this row did not measure the fallback")

@@ -1,0 +1,47 @@
+"""What a verdict is drawn from: the figures the probes measured, in one record, so the rules
+(stoker/doctor/verdict.py) and the remedies' predictions (stoker/doctor/remedies.py) are pure
+functions of it, tested on given figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The measured inputs of a verdict (see the probes for how each is measured). Rates are
+    img/s of the whole machine unless named per core; ``None``: not measured here.
+    ``sequential_rate``: the data's disk read front to back (the shards; for loose files, the
+    sample pack where it shares their disk). ``stoker_loader*``: stoker.Loader on the sample
+    pack (warm, cold, with the transform's stages after the crop, decoding on the GPU)."""
+
+    source: str
+    loose: bool
+    cores: int
+    batch_size: int
+    size: int
+    step_time: float | None
+    storage_rate: float
+    storage_concurrency: int
+    sequential_rate: float | None
+    decode_per_core: float
+    jpeg_share: float
+    transform_per_core: float
+    loader_rate: float
+    loader_workers: int
+    megapixels: float
+    dataset_bytes: float
+    available_ram_bytes: float
+    mean_bytes: float = 0.0
+    user_transform: bool = False
+    stoker_loader: float | None = None
+    stoker_loader_cold: float | None = None
+    stoker_loader_transform: float | None = None
+    stoker_loader_gpu: float | None = None
+    fused_per_core: float | None = None
+    fused_capped_per_core: float | None = None
+    capped_side: int | None = None
+    capped_bytes_share: float | None = None
+    disk_shared: bool = False
+    ssd_path: str | None = None
+    ssd_copy_rate: float | None = None

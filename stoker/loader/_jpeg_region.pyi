@@ -1,0 +1,11 @@
+"""Types of the region-decode extension (_jpeg_region.c, whose docstrings say what each does)."""
+
+from typing_extensions import Buffer
+
+LIBJPEG_TURBO_VERSION: str
+JPEG_LIB_VERSION: int
+
+class RestartTableError(ValueError): ...
+
+def decode_region(data: Buffer, top: int, left: int, height: int, width: int, scale_denom: int,
+                  out: Buffer) -> tuple[int, int, int, int]: ...
