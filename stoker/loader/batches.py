@@ -12,7 +12,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ class Batch:
     images: torch.Tensor
     labels: torch.Tensor
     draws: BatchDraws
-    transformed: list[torch.Tensor | None] | None
+    transformed: list[Any] | None  # each sample's transformed tensor (first its whole image, without a crop)
     encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
     replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per sample: a damaged one was skipped
     augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
@@ -97,7 +97,7 @@ class BatchMaker:
             draws = BatchDraws(np.zeros((n, CROP_TRIES, 4)), np.zeros(n, dtype=bool))
         else:
             draws = self.draws(epoch, number, n)
-        transformed = [None] * n if self.transform is not None else None
+        transformed: list[Any] | None = [None] * n if self.transform is not None else None
         augment_draws = None
         if self.augment is not None:
             height, width = shape[1:3]
@@ -109,6 +109,7 @@ class BatchMaker:
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
         """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
         across ranks), so they do not depend on what makes the batch."""
+        assert self.crop is not None, "whole images have no crop to draw"
         return draw_batch(self.seed, epoch, self.batch_key(number), n, self.crop)
 
     def batch_key(self, number: int) -> int:
@@ -164,7 +165,7 @@ class BatchMaker:
         np.rint(result, out=result)
         out[...] = result
 
-    def _place_readable(self, batch: Batch, j: int, out: np.ndarray) -> int:
+    def _place_readable(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
         """:meth:`place` sample ``j``; under ``on_error="skip"``, the next readable sample instead of
         a damaged one (its index written into ``batch.indices``)."""
         n = len(self.dataset)
@@ -192,6 +193,7 @@ class BatchMaker:
             except Exception as e:  # decoders raise many types for bad data
                 raise self.dataset.decode_error(index, e) from None
             return label
+        assert self.crop is not None  # only whole images (above) have none
         data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
         try:
             decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out, self.dataset.restart_rows)
@@ -205,7 +207,7 @@ class BatchMaker:
             wanted = self.augment.dtype if self.augment is not None else torch.uint8
             return (batch.images if batch.images.dtype == wanted else batch.images.to(wanted)), batch.labels
         try:
-            return torch.stack(batch.transformed), batch.labels  # type: ignore[arg-type]
+            return torch.stack(batch.transformed), batch.labels
         except RuntimeError as e:  # sizes differ: the transform did not make them one size
             first = self.dataset.key(int(batch.indices[0]))
             raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "

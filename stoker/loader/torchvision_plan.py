@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -175,7 +175,13 @@ def _pair(size: Any) -> tuple[int, int] | None:
     if isinstance(size, int):
         return None
     size = list(size)
-    return None if len(size) == 1 else (int(size[0]), int(size[1]))  # type: ignore[return-value]
+    return None if len(size) == 1 else (int(size[0]), int(size[1]))
+
+
+def _two(values: Any) -> tuple[float, float]:
+    """A torchvision (low, high) range, list or tuple, as two floats."""
+    low, high = values
+    return float(low), float(high)
 
 
 def _interpolation(transform: Any) -> str:
@@ -193,13 +199,13 @@ def _leading_geometry(transforms: list[Any]) -> tuple[int, CropSpec | None, list
             flip = flip + t.p - 2 * flip * t.p  # flipped in the end: exactly one of the flips happened
             why = f"a flip drawn per image with p={t.p}"
         elif kind == "RandomResizedCrop" and spec is None and short is None:
-            spec = CropSpec("random_resized", _pair(t.size), tuple(map(float, t.scale)), tuple(map(float, t.ratio)))
+            spec = CropSpec("random_resized", _pair(t.size) or (int(t.size), int(t.size)), _two(t.scale), _two(t.ratio))
             why = _resampling_note(t)
         elif kind == "Resize" and spec is None and short is None and getattr(t, "max_size", None) is None:
             if _pair(t.size) is None:
                 short = int(t.size if isinstance(t.size, int) else list(t.size)[0])
             else:
-                spec = CropSpec("resize", _pair(t.size), exact=True)
+                spec = CropSpec("resize", _pair(t.size) or (0, 0), exact=True)
             why = _resampling_note(t)
         elif kind == "CenterCrop" and short is not None and spec is None:
             size = _pair(t.size) or (int(t.size), int(t.size))
@@ -308,8 +314,8 @@ class _Middle:
 
     # random ops: the same ranges, drawn per sample from the batch's own numbers
     def _ColorJitter(self, t: Any) -> tuple[A.ColorJitter, str]:
-        ranges = {name: tuple(map(float, getattr(t, name))) if getattr(t, name) is not None else 0.0
-                  for name in ("brightness", "contrast", "saturation", "hue")}
+        ranges: dict[str, Any] = {name: _two(getattr(t, name)) if getattr(t, name) is not None else 0.0
+                                  for name in ("brightness", "contrast", "saturation", "hue")}
         return A.ColorJitter(**ranges), "same factor ranges, a random order of the four per sample as torchvision"
 
     def _RandomGrayscale(self, t: Any) -> tuple[A.Grayscale, str]:
@@ -324,7 +330,7 @@ class _Middle:
         kx, ky = (t.kernel_size, t.kernel_size) if isinstance(t.kernel_size, int) else t.kernel_size
         if kx != ky:
             return "a non-square blur kernel is not fused"
-        sigma = tuple(map(float, t.sigma)) if isinstance(t.sigma, Sequence) else (float(t.sigma), float(t.sigma))
+        sigma = _two(t.sigma) if isinstance(t.sigma, Sequence) else (float(t.sigma), float(t.sigma))
         return A.GaussianBlur(int(kx), sigma, p=1.0), f"kernel {kx}, sigma drawn in {sigma} per sample, reflected borders"
 
     def _RandomHorizontalFlip(self, t: Any) -> tuple[A.HorizontalFlip, str]:
@@ -353,8 +359,8 @@ class _Middle:
             return "a fill per type is not fused"
         unit = 255.0 if self.stage != "float" else 1.0  # PIL and uint8 fills are in 0..255
         fill = tuple(float(v) / unit for v in t.fill) if isinstance(t.fill, Sequence) else float(t.fill or 0) / unit
-        center = tuple(map(float, t.center)) if t.center is not None else None
-        return A.Affine(**params, center=center, interpolation=mode, fill=fill), \
+        center = _two(t.center) if t.center is not None else None
+        return A.Affine(**params, center=center, interpolation=cast(Literal["bilinear", "nearest"], mode), fill=fill), \
             f"same ranges, {mode}, fill {t.fill}, centre {'the image centre' if center is None else center}"
 
     def _RandomApply(self, t: Any) -> tuple[Any, str] | str:

@@ -11,6 +11,9 @@ Needs torchvision (run the benchmark with a Python that has it, e.g. .venv-tv/bi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import _epochs
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
@@ -49,6 +52,7 @@ def main() -> None:
     if args.action == "prepare":
         return
     transform, size = pipeline(args.pipeline, args.size), args.size
+    make: Callable[[int], Iterable[Any]]
     if via == "dataloader":
         dataset = ImageFolder(args.photos, transform=transform)
         make = lambda epoch: DataLoader(dataset, args.batch, shuffle=True, num_workers=args.workers)  # noqa: E731
