@@ -13,6 +13,7 @@ A sample the op's ``p`` leaves out gets the identity parameter (factor 1, shift 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,10 +115,11 @@ class ColorJitter:
     p: float = 1.0
 
     def __post_init__(self) -> None:
-        hue = self.ranges()["hue"]
+        hue = self.ranges["hue"]
         if hue is not None and not -0.5 <= hue[0] <= hue[1] <= 0.5:
             raise ValueError(f"hue must lie in [-0.5, 0.5], got {self.hue}")
 
+    @functools.cached_property
     def ranges(self) -> dict[str, tuple[float, float] | None]:
         """Each adjustment's range of factors (of shifts, for hue), or None where it is off."""
         ranges: dict[str, tuple[float, float] | None] = {}
@@ -134,7 +136,7 @@ class ColorJitter:
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         on = rng.random(n) < self.p
         params = {}
-        for name, bounds in self.ranges().items():
+        for name, bounds in self.ranges.items():
             identity = 0.0 if name == "hue" else 1.0
             params[name] = np.where(on, rng.uniform(*bounds, n), identity) if bounds else np.full(n, identity)
         return params | {"order": rng.integers(0, len(_ORDERS), n).astype(np.float64)}
@@ -142,7 +144,7 @@ class ColorJitter:
     def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each round applies, to each sample, the adjustment its order puts there."""
         orders = _ORDERS[params["order"].round().long().cpu().numpy()]
-        active = [i for i, bounds in enumerate(self.ranges().values()) if bounds is not None]
+        active = [i for i, bounds in enumerate(self.ranges.values()) if bounds is not None]
         for position in range(len(_JITTERS)):
             for op in active:
                 rows = np.flatnonzero(orders[:, position] == op)
@@ -154,7 +156,7 @@ class ColorJitter:
         return x
 
     def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
-        ranges = self.ranges()
+        ranges = self.ranges
         for op in _ORDERS[int(p["order"])]:
             name = _JITTERS[op]
             if ranges[name] is not None:
@@ -162,24 +164,38 @@ class ColorJitter:
         return x
 
 
+# The image versions clamp to [0, 1] only where a result can leave it: x is in [0, 1], so scaling
+# by a factor <= 1, or blending with a value in [0, 1] (the mean luma, the pixel's luma) by one,
+# stays inside. OpenCV's threshold clamps in place at half np.clip's cost (measured here on
+# 224x224x3 float32: 27 against 34 us for both sides, 14 us for the top alone).
+
+
+def _clamp(x: np.ndarray, below: bool = True) -> None:
+    cv2.threshold(x, 1.0, 1.0, cv2.THRESH_TRUNC, dst=x)
+    if below:
+        cv2.threshold(x, 0.0, 0.0, cv2.THRESH_TOZERO, dst=x)
+
+
 def _brightness_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.multiply(x, np.float32(factor), out=x)
-    np.clip(x, 0, 1, out=x)
+    if factor > 1:
+        _clamp(x, below=False)  # a factor >= 0 keeps x >= 0
     return x, spare
 
 
 def _contrast_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = float(np.dot(_GRAY_ROW[0], cv2.mean(x)[:3]))  # the mean of the luma
-    np.multiply(x, np.float32(factor), out=x)
-    np.add(x, np.float32(mean * (1 - factor)), out=x)
-    np.clip(x, 0, 1, out=x)
+    cv2.addWeighted(x, factor, x, 0.0, mean * (1 - factor), dst=x)  # one pass: x * factor + mean * (1 - factor)
+    if factor > 1:
+        _clamp(x)
     return x, spare
 
 
 def _saturation_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    blended = cv2.transform(x, (factor * np.eye(3) + (1 - factor) * _GRAY_ROWS).astype(np.float32), dst=spare)
-    np.clip(blended, 0, 1, out=blended)
-    return blended, x
+    cv2.transform(x, (factor * np.eye(3) + (1 - factor) * _GRAY_ROWS).astype(np.float32), dst=x)  # in place
+    if factor > 1:
+        _clamp(x)
+    return x, spare
 
 
 def _hue_image(x: np.ndarray, shift: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,7 +270,7 @@ class Normalize:
         # one 3x4 colour transform: numpy broadcasting over a last axis of 3 took ~300 us here
         scale = 1 / np.asarray(self.std, np.float64)
         matrix = np.concatenate([np.diag(scale), (-np.asarray(self.mean) * scale)[:, None]], axis=1)
-        return cv2.transform(x, matrix.astype(np.float32), dst=spare)
+        return cv2.transform(x, matrix.astype(np.float32), dst=x)  # in place: each pixel from itself alone
 
 
 PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, Normalize)
