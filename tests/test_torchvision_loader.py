@@ -105,15 +105,16 @@ def test_what_cannot_be_fused_runs_per_sample_or_is_refused_with_the_reason(tv):
 @pytest.mark.parametrize("tv", [T, V], ids=["v1", "v2"])
 def test_batches_have_the_dataloaders_dtype_range_and_shape(photos, packed, tv):
     dataset = stoker.ShardDataset(packed)
-    for pipeline in (train(tv, 64), val(tv, 72, 64)):
+    # normalized alike: the same mean and spread per channel over the epoch; the training pipeline's
+    # random crops of 96 photos move them by up to ~0.2 from run to run (a missing Normalize: ~0.6)
+    for pipeline, atol in ((train(tv, 64), 0.35), (val(tv, 72, 64), 0.01)):
         ours = list(stoker.Loader(dataset, 32, transform=pipeline, threads=2))
         theirs = list(DataLoader(ImageFolder(photos, transform=pipeline), 32, shuffle=True, num_workers=2))
         assert [(x.dtype, x.shape, y.dtype) for x, y in ours] == [(x.dtype, x.shape, y.dtype) for x, y in theirs]
         assert ours[0][0].shape == (32, 3, 64, 64) and ours[0][0].dtype == torch.float32
-        # normalized alike: the same mean and spread per channel over the epoch
         ours, theirs = torch.cat([x for x, _ in ours]), torch.cat([x for x, _ in theirs])
-        assert torch.allclose(ours.mean(dim=(0, 2, 3)), theirs.mean(dim=(0, 2, 3)), atol=0.15)
-        assert torch.allclose(ours.std(dim=(0, 2, 3)), theirs.std(dim=(0, 2, 3)), atol=0.1)
+        assert torch.allclose(ours.mean(dim=(0, 2, 3)), theirs.mean(dim=(0, 2, 3)), atol=atol)
+        assert torch.allclose(ours.std(dim=(0, 2, 3)), theirs.std(dim=(0, 2, 3)), atol=atol)
     uint8, _ = next(iter(stoker.Loader(dataset, 8, transform=tv.Compose([tv.RandomResizedCrop(40), tv.PILToTensor()]))))
     assert uint8.dtype == torch.uint8 and uint8.shape == (8, 3, 40, 40)
 
