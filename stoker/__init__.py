@@ -4,6 +4,7 @@
     ShardDataset(DST)    ──>  (image, label) items for torch.utils.data.DataLoader
     QuasiRandomSampler   ──>  a shuffle that reads each block of a shard once, in one piece
     Loader(dataset, B)   ──>  (images, labels) batches decoded and cropped by threads
+    loader_for(PATH, T)  ──>  a Loader from a folder (packed once), an ImageFolder and its torchvision transform
     doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
     watch(loader)        ──>  per-step data wait against step time, inside a training loop
     echo(loader)         ──>  batches from data already in memory while the input pipeline lags
@@ -36,6 +37,7 @@ _EXPORTS = {
     "StokerError": "stoker.errors",
     "CropSpec": "stoker.loader",
     "Loader": "stoker.loader",
+    "loader_for": "stoker.loader",
     "PackResult": "stoker.pack",
     "pack": "stoker.pack",
     "VideoClipDataset": "stoker.video",  # PyAV, the `video` extra
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from stoker.doctor import DoctorReport, doctor, watch
     from stoker.echo import EchoStats, echo
     from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
-    from stoker.loader import CropSpec, Loader
+    from stoker.loader import CropSpec, Loader, loader_for
     from stoker.pack import PackResult, pack
     from stoker.video import VideoClipDataset
 
@@ -101,6 +103,7 @@ __all__ = [
     "__version__",
     "doctor",
     "echo",
+    "loader_for",
     "pack",
     "watch",
 ]

@@ -229,7 +229,7 @@ def _bench_loader(args: argparse.Namespace) -> int:
     peers = dict(peer.split("=", 1) for peer in args.peer)
     print(bench_loader(args.data, count=args.count, images=args.images, peers=peers, only=args.only,
                        repeat=args.repeat, batch=args.batch, cold=args.cold, force=args.force,
-                       restart_rows=args.restart_rows))
+                       restart_rows=args.restart_rows, transform=args.transform))
     return 0
 
 
@@ -367,6 +367,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
     p.add_argument("--restart-rows", action="store_true", help="also stoker.Loader on the photos packed with "
                    "--restart-rows (224 and 160 px), and the pack's rate and size with and without it")
+    p.add_argument("--transform", choices=["standard"], help="standard: torchvision's training and validation "
+                   "pipelines through a DataLoader, stoker.Loader(transform=) and CropSpec + stoker.augment by hand "
+                   "(needs torchvision; --only train-dataloader,train-transform,train-hand,val-...)")
     p.set_defaults(run=_bench_loader)
     return parser
 

@@ -195,8 +195,9 @@ def test_device_policy():
         assert A.default_device() == torch.device("cpu")
 
 
+@pytest.mark.torchvision
 def test_ops_match_torchvision_where_installed():
-    v2 = pytest.importorskip("torchvision.transforms.v2.functional")
+    v2 = pytest.importorskip("torchvision.transforms.v2.functional", reason="needs torchvision (make test: .venv-tv)")
     x = photos(3).float() / 255
     factors = torch.tensor([0.6, 1.0, 1.4])
     for i, f in enumerate(factors.tolist()):
@@ -234,3 +235,51 @@ def test_out_receives_the_result(backend):
     assert again(x, out=into) is into and torch.equal(into, first)
     with pytest.raises(ValueError, match="out must be"):
         again(x, out=torch.empty(4, 3, 8, 8))
+
+
+def test_colour_jitter_applies_its_adjustments_in_an_order_drawn_per_sample(backend):
+    from stoker.augment.color import _ORDERS
+
+    x = photos(32).float() / 255
+    jitter = A.ColorJitter(brightness=(0.5, 0.7), contrast=0.4, saturation=(1.2, 1.5), hue=0.1)
+    aug = make(backend, jitter, seed=3)
+    params = aug.draw((np.full(32, 40), np.full(32, 56)), step=0).params[0]
+    out = aug(x, step=0)
+    assert ((0.5 <= params["brightness"]) & (params["brightness"] <= 0.7)).all()
+    assert ((1.2 <= params["saturation"]) & (params["saturation"] <= 1.5)).all()
+    orders = params["order"].astype(int)
+    assert len(set(orders.tolist())) > 8  # 24 orders, one drawn per sample
+    adjust = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+    names = ("brightness", "contrast", "saturation", "hue")
+    for i in range(32):
+        reference = x[i : i + 1]
+        for op in _ORDERS[orders[i]]:
+            reference = adjust[op](reference, torch.tensor([params[names[op]][i]], dtype=torch.float32))
+        assert torch.allclose(out[i : i + 1], reference, atol=2e-3)  # OpenCV's HSV round trip: ~1e-3
+
+
+def test_draw_once_then_apply_per_image_gives_the_batch_call():
+    x = photos(6, 32, 48)
+    ops = (A.Rotate(20), A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.GaussianBlur(5, p=0.5), A.Normalize())
+    whole = A.Augment(*ops, seed=5, backend="opencv")(x, step=9)
+    aug = A.Augment(*ops, seed=5, backend="opencv")
+    draws = aug.draw((np.full(6, 32), np.full(6, 48)), step=9)
+    for i in reversed(range(6)):  # any order, any thread
+        one = np.empty((32, 48, 3), np.float32)
+        aug.apply_image(x[i].permute(1, 2, 0).numpy(), i, draws, one)
+        assert torch.equal(torch.from_numpy(one).permute(2, 0, 1), whole[i])
+
+
+def test_affine_nearest_fill_and_shear_follow_torchvision_conventions(backend):
+    x = photos(2, 24, 40).float() / 255
+    turned = make(backend, A.Rotate((90, 90), interpolation="nearest", fill=(1.0, 0.0, 0.5)))(x)
+    corner = turned[:, :, 0, 0]  # outside a 24x40 image turned a quarter
+    assert torch.allclose(corner, torch.tensor([[1.0, 0.0, 0.5]] * 2), atol=1e-6)
+    values = set(x.flatten().tolist()) | {0.0, 0.5, 1.0}
+    assert set(turned.flatten().tolist()) <= values  # nearest: every value is a source value or the fill
+    # a positive x shear moves rows below the centre to the left: torchvision's F.affine gives
+    # 21.5956 and 11.4044 at these two pixels of this ramp (bilinear)
+    sheared = make(backend, A.Affine(shear=(20, 20)))(ramps(1, 33, 33))
+    assert abs(float(sheared[0, 0, 30, 16]) - 21.5956) < 0.05 and abs(float(sheared[0, 0, 2, 16]) - 11.4044) < 0.05
+    with pytest.raises(ValueError, match="one fill"):
+        A.Augment(A.Rotate(10, fill=0.5), A.Affine(degrees=5, fill=0.2))

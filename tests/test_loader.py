@@ -231,3 +231,44 @@ def test_batches_come_from_a_ring_of_buffers_that_never_hands_out_a_held_one(pac
     for (images, labels), (expected, expected_labels), view in zip(kept, reference, views):
         assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
         assert np.array_equal(view, expected[0].numpy())
+
+
+def test_exact_boxes_are_torchvisions_resize_and_center_crop():
+    from stoker.loader.crops import exact_box
+
+    # Resize(256) of 500x375 -> 341x256 (long side truncated), CenterCrop(224) at (16, 58) of it
+    spec = stoker.CropSpec("center", (224, 224), center_fraction=224 / 256, exact=True)
+    top, left, height, width = exact_box(spec, 375, 500)
+    assert (top, left) == pytest.approx((16 * 375 / 256, 58 * 500 / 341))
+    assert (height, width) == pytest.approx((224 * 375 / 256, 224 * 500 / 341))
+    assert exact_box(stoker.CropSpec("resize", (64, 80)), 375, 500) == (0.0, 0.0, 375.0, 500.0)
+    assert crop_box(spec, 375, 500, None) == (23, 85, 329, 329)  # whole pixels around it: what is decoded
+
+
+def test_flip_may_be_a_probability():
+    tries = [draw_batch(0, 0, b, 500, stoker.CropSpec(flip=p)).flips.mean() for p, b in ((0.2, 1), (True, 2), (False, 3))]
+    assert abs(tries[0] - 0.2) < 0.06 and abs(tries[1] - 0.5) < 0.07 and tries[2] == 0
+
+
+def test_a_plain_callable_still_gets_uint8_crops(packed):
+    got = []
+    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=stoker.CropSpec(size=(16, 16)),
+                           transform=lambda image: got.append(image.dtype) or image.float())
+    images, _ = next(iter(loader))
+    assert set(got) == {torch.uint8} and images.shape == (8, 3, 16, 16) and "per sample, as given" in loader.explain()
+
+
+def test_loader_for_a_loose_folder_packs_once_and_reuses_the_pack(photos, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = stoker.loader_for(photos, batch_size=16, progress=False)
+    pack_dir = Path(first.dataset.shards.root)
+    assert pack_dir.parent == tmp_path / "cache" / "stoker" / "packs" and len(first.dataset) == PHOTOS
+    made = {p.name: p.stat().st_mtime_ns for p in pack_dir.iterdir()}
+    second = stoker.loader_for(photos, batch_size=16, progress=False)
+    assert Path(second.dataset.shards.root) == pack_dir
+    assert {p.name: p.stat().st_mtime_ns for p in pack_dir.iterdir()} == made  # nothing written again
+    images, labels = next(iter(second))
+    assert images.shape == (16, 3, 224, 224) and labels.dtype == torch.int64
+    assert Path(stoker.loader_for(pack_dir, batch_size=4).dataset.shards.root) == pack_dir  # a packed folder as is
+    with pytest.raises(FileNotFoundError, match="not a folder of images"):
+        stoker.loader_for(tmp_path / "missing", batch_size=4)

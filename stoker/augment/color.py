@@ -13,6 +13,8 @@ A sample the op's ``p`` leaves out gets the identity parameter (factor 1, shift 
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,56 +95,118 @@ def gaussian_blur(x: torch.Tensor, kernel_size: int, sigma: torch.Tensor) -> tor
     return flat.view(n, c, h, w)
 
 
+Range = float | tuple[float, float]
+# ColorJitter's four adjustments in every order; a sample's order is one row, drawn per sample
+_ORDERS = np.array(list(itertools.permutations(range(4))))
+_JITTERS = ("brightness", "contrast", "saturation", "hue")
+
+
 @dataclass(frozen=True)
 class ColorJitter:
-    """Brightness, contrast and saturation factors drawn in [1 - v, 1 + v] and a hue shift in
-    [-hue, hue] turns, per sample, applied with probability ``p``. The order is fixed
-    (brightness, contrast, saturation, hue); torchvision draws a random order per call."""
+    """Brightness, contrast and saturation factors drawn in [max(0, 1 - v), 1 + v] (or in the
+    range (low, high) given) and a hue shift in [-hue, hue] turns (or the range), per sample,
+    applied with probability ``p``, in an order drawn per sample among the 24, as torchvision's
+    ColorJitter draws one per call (that is, per sample in a DataLoader)."""
 
-    brightness: float = 0.0
-    contrast: float = 0.0
-    saturation: float = 0.0
-    hue: float = 0.0
+    brightness: Range = 0.0
+    contrast: Range = 0.0
+    saturation: Range = 0.0
+    hue: Range = 0.0
     p: float = 1.0
+
+    def __post_init__(self) -> None:
+        hue = self.ranges["hue"]
+        if hue is not None and not -0.5 <= hue[0] <= hue[1] <= 0.5:
+            raise ValueError(f"hue must lie in [-0.5, 0.5], got {self.hue}")
+
+    @functools.cached_property
+    def ranges(self) -> dict[str, tuple[float, float] | None]:
+        """Each adjustment's range of factors (of shifts, for hue), or None where it is off."""
+        ranges: dict[str, tuple[float, float] | None] = {}
+        for name in _JITTERS:
+            value = getattr(self, name)
+            if isinstance(value, tuple | list):
+                ranges[name] = (float(value[0]), float(value[1]))
+            elif not value:
+                ranges[name] = None
+            else:
+                ranges[name] = (-value, value) if name == "hue" else (max(0.0, 1 - value), 1 + value)
+        return ranges
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         on = rng.random(n) < self.p
-        factors = {name: np.where(on, rng.uniform(max(0.0, 1 - v), 1 + v, n), 1.0)
-                   for name, v in (("brightness", self.brightness), ("contrast", self.contrast),
-                                   ("saturation", self.saturation))}
-        return factors | {"hue": np.where(on, rng.uniform(-self.hue, self.hue, n), 0.0)}
+        params = {}
+        for name, bounds in self.ranges.items():
+            identity = 0.0 if name == "hue" else 1.0
+            params[name] = np.where(on, rng.uniform(*bounds, n), identity) if bounds else np.full(n, identity)
+        return params | {"order": rng.integers(0, len(_ORDERS), n).astype(np.float64)}
 
     def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.brightness:
-            x = adjust_brightness(x, params["brightness"])
-        if self.contrast:
-            x = adjust_contrast(x, params["contrast"])
-        if self.saturation:
-            x = adjust_saturation(x, params["saturation"])
-        if self.hue:
-            x = adjust_hue(x, params["hue"])
+        """Each round applies, to each sample, the adjustment its order puts there."""
+        orders = _ORDERS[params["order"].round().long().cpu().numpy()]
+        active = [i for i, bounds in enumerate(self.ranges.values()) if bounds is not None]
+        for position in range(len(_JITTERS)):
+            for op in active:
+                rows = np.flatnonzero(orders[:, position] == op)
+                if len(rows) == len(x):
+                    x = _ADJUST[op](x, params[_JITTERS[op]])
+                elif len(rows):
+                    index = torch.from_numpy(rows).to(x.device)
+                    x = x.index_copy(0, index, _ADJUST[op](x[index], params[_JITTERS[op]][index]))
         return x
 
     def apply_image(self, x: np.ndarray, p: dict[str, float], spare: np.ndarray) -> np.ndarray:
-        if self.brightness:
-            np.multiply(x, np.float32(p["brightness"]), out=x)
-            np.clip(x, 0, 1, out=x)
-        if self.contrast:
-            c = p["contrast"]
-            mean = float(np.dot(_GRAY_ROW[0], cv2.mean(x)[:3]))  # the mean of the luma
-            np.multiply(x, np.float32(c), out=x)
-            np.add(x, np.float32(mean * (1 - c)), out=x)
-            np.clip(x, 0, 1, out=x)
-        if self.saturation:
-            s = p["saturation"]
-            x, spare = cv2.transform(x, (s * np.eye(3) + (1 - s) * _GRAY_ROWS).astype(np.float32), dst=spare), x
-            np.clip(x, 0, 1, out=x)
-        if self.hue:
-            hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV, dst=spare)  # float: hue in degrees
-            # OpenCV's vectorized HSV-to-RGB wraps hues at 360 but not below 0: shift forward only
-            cv2.add(hsv, ((360 * p["hue"]) % 360, 0.0, 0.0, 0.0), dst=hsv)
-            x = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=x)
+        ranges = self.ranges
+        for op in _ORDERS[int(p["order"])]:
+            name = _JITTERS[op]
+            if ranges[name] is not None:
+                x, spare = _ADJUST_IMAGE[op](x, p[name], spare)
         return x
+
+
+# The image versions clamp to [0, 1] only where a result can leave it: x is in [0, 1], so scaling
+# by a factor <= 1, or blending with a value in [0, 1] (the mean luma, the pixel's luma) by one,
+# stays inside. OpenCV's threshold clamps in place at half np.clip's cost (measured here on
+# 224x224x3 float32: 27 against 34 us for both sides, 14 us for the top alone).
+
+
+def _clamp(x: np.ndarray, below: bool = True) -> None:
+    cv2.threshold(x, 1.0, 1.0, cv2.THRESH_TRUNC, dst=x)
+    if below:
+        cv2.threshold(x, 0.0, 0.0, cv2.THRESH_TOZERO, dst=x)
+
+
+def _brightness_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    np.multiply(x, np.float32(factor), out=x)
+    if factor > 1:
+        _clamp(x, below=False)  # a factor >= 0 keeps x >= 0
+    return x, spare
+
+
+def _contrast_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = float(np.dot(_GRAY_ROW[0], cv2.mean(x)[:3]))  # the mean of the luma
+    cv2.addWeighted(x, factor, x, 0.0, mean * (1 - factor), dst=x)  # one pass: x * factor + mean * (1 - factor)
+    if factor > 1:
+        _clamp(x)
+    return x, spare
+
+
+def _saturation_image(x: np.ndarray, factor: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    cv2.transform(x, (factor * np.eye(3) + (1 - factor) * _GRAY_ROWS).astype(np.float32), dst=x)  # in place
+    if factor > 1:
+        _clamp(x)
+    return x, spare
+
+
+def _hue_image(x: np.ndarray, shift: float, spare: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV, dst=spare)  # float: hue in degrees
+    # OpenCV's vectorized HSV-to-RGB wraps hues at 360 but not below 0: shift forward only
+    cv2.add(hsv, ((360 * shift) % 360, 0.0, 0.0, 0.0), dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=x), spare
+
+
+_ADJUST = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+_ADJUST_IMAGE = (_brightness_image, _contrast_image, _saturation_image, _hue_image)
 
 
 @dataclass(frozen=True)
@@ -206,7 +270,7 @@ class Normalize:
         # one 3x4 colour transform: numpy broadcasting over a last axis of 3 took ~300 us here
         scale = 1 / np.asarray(self.std, np.float64)
         matrix = np.concatenate([np.diag(scale), (-np.asarray(self.mean) * scale)[:, None]], axis=1)
-        return cv2.transform(x, matrix.astype(np.float32), dst=spare)
+        return cv2.transform(x, matrix.astype(np.float32), dst=x)  # in place: each pixel from itself alone
 
 
 PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, Normalize)

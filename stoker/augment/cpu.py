@@ -14,9 +14,10 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import cv2
 import numpy as np
 
-from stoker.augment.geometry import warp_image
+from stoker.augment.geometry import Resampling, warp_image
 
 _scratch = threading.local()
 
@@ -30,25 +31,38 @@ def _buffers(shape: tuple[int, int, int], dtype: np.dtype) -> tuple[np.ndarray, 
     return _scratch.arrays
 
 
-def augment_images(images: Sequence[np.ndarray], maps: np.ndarray | None, out_size: tuple[int, int],
+def augment_image(image: np.ndarray, map_: np.ndarray | None, out_size: tuple[int, int], how: Resampling,
+                  ops: Sequence, params: Sequence[dict[str, float]], out: np.ndarray) -> None:
+    """Write ``image`` ((H, W, C), uint8 or float in [0, 1]), resampled through ``map_`` to
+    ``out_size`` as ``how`` says and put through the photometric ``ops`` with its ``params``, into
+    ``out`` ((out_h, out_w, C) float32). Any thread: scratch arrays are the thread's own."""
+    warped, x, spare = _buffers((*out_size, image.shape[-1]), image.dtype)
+    if out.flags.c_contiguous:
+        x = out  # work in the output itself: no copy at the end unless the last op leaves the result in spare
+    if map_ is not None:
+        image = warp_image(image, map_, out_size, dst=warped, how=how)
+    if image.dtype == np.uint8:  # to [0, 1]: 22 us here against np.multiply's 60 for 224x224x3
+        cv2.addWeighted(image, 1 / 255, image, 0.0, 0.0, dst=x, dtype=cv2.CV_32F)
+    else:
+        np.copyto(x, image)
+    for op, p in zip(ops, params, strict=True):
+        result = op.apply_image(x, p, spare)
+        if result is spare:
+            x, spare = spare, x
+    if x is not out:
+        out[...] = x
+
+
+def augment_images(images: Sequence[np.ndarray], maps: np.ndarray | None, out_size: tuple[int, int], how: Resampling,
                    ops: Sequence, params: Sequence[dict[str, np.ndarray]], out: np.ndarray,
                    pool: ThreadPoolExecutor, threads: int) -> None:
-    """Write image ``i`` of ``images`` ((H, W, C), uint8 or float in [0, 1]), resampled through
-    ``maps[i]`` to ``out_size`` and put through the photometric ``ops`` with its ``params``,
-    into ``out[i]`` ((out_h, out_w, C) float32), using ``threads`` threads of ``pool``."""
+    """:func:`augment_image` for each image ``i`` of ``images`` with ``maps[i]`` and its values of
+    ``params``, into ``out[i]``, using ``threads`` threads of ``pool``."""
 
     def run(indices: range) -> None:
         for i in indices:
-            image = images[i]
-            warped, x, spare = _buffers((*out_size, image.shape[-1]), image.dtype)
-            if maps is not None:
-                image = warp_image(image, maps[i], out_size, dst=warped)
-            np.multiply(image, np.float32(1 / 255 if image.dtype == np.uint8 else 1), out=x)
-            for op, p in zip(ops, params, strict=True):
-                result = op.apply_image(x, {name: float(values[i]) for name, values in p.items()}, spare)
-                if result is spare:
-                    x, spare = spare, x
-            out[i] = x
+            augment_image(images[i], None if maps is None else maps[i], out_size, how, ops,
+                          [{name: float(values[i]) for name, values in p.items()} for p in params], out[i])
 
     # each thread a contiguous block of the output: threads writing into interleaved images of one
     # fresh (huge) page wait on each other's page faults (measured: 97-269 ms per batch of 256)

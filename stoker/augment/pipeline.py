@@ -18,21 +18,43 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
 from stoker.augment.color import PHOTOMETRIC, ColorJitter, GaussianBlur, Grayscale, Normalize
-from stoker.augment.cpu import augment_images
+from stoker.augment.cpu import augment_image, augment_images
 from stoker.augment.device import default_device
-from stoker.augment.geometry import GEOMETRIC, Affine, CenterCrop, HorizontalFlip, RandomResizedCrop, Resize, VerticalFlip, sample
+from stoker.augment.geometry import (
+    GEOMETRIC,
+    Affine,
+    CenterCrop,
+    HorizontalFlip,
+    RandomResizedCrop,
+    Resampling,
+    Resize,
+    VerticalFlip,
+    sample,
+)
 
 Geometric = RandomResizedCrop | CenterCrop | Resize | HorizontalFlip | VerticalFlip | Affine
 Photometric = ColorJitter | Grayscale | GaussianBlur | Normalize
 Layout = Literal["auto", "NCHW", "NHWC"]
 Backend = Literal["auto", "torch", "opencv"]
 Sizes = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Draws:
+    """One batch's parameters, drawn before any pixel is touched: each sample's map from output
+    to source pixels (None without geometric ops), the output size (height, width), and each
+    photometric op's values, one per sample."""
+
+    maps: np.ndarray | None
+    size: tuple[int, int]
+    params: list[dict[str, np.ndarray]]
 
 
 class Augment:
@@ -72,6 +94,7 @@ class Augment:
             raise ValueError(f"layout must be auto, NCHW or NHWC, got {layout!r}")
         self.geometric = [op for op, kind in zip(ops, kinds, strict=True) if kind == "geometric"]
         self.photometric = [op for op, kind in zip(ops, kinds, strict=True) if kind == "photometric"]
+        self.resampling = Resampling.of(self.geometric)
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         self.backend = backend if backend != "auto" else "opencv" if self.device.type == "cpu" else "torch"
@@ -95,20 +118,13 @@ class Augment:
         ``step``: which draw of the seeded parameter stream this batch gets (default: the next,
         counting calls). A caller that numbers its batches (stoker.Loader: epoch, batch, rank)
         passes that number, so the parameters of a batch never depend on the calls before it."""
-        if step is None:
-            step, self._calls = self._calls, self._calls + 1
-        rng = np.random.default_rng(None if self.seed is None else [self.seed, self.epoch, step])
         chw, clips, frames = self._images(images)
         sizes = (np.array([i.shape[-2] for i in chw[::frames]]), np.array([i.shape[-1] for i in chw[::frames]]))
-        maps, out_sizes = self._maps(rng, sizes)
-        if len(set(out_sizes[0].tolist())) > 1 or len(set(out_sizes[1].tolist())) > 1:
-            raise ValueError("images of different sizes need a RandomResizedCrop, CenterCrop or Resize op "
-                             "to give them one output size")
-        params = [op.draw(rng, clips) for op in self.photometric]
+        draws = self.draw(sizes, step)
+        maps, params, size = draws.maps, draws.params, draws.size
         if frames > 1:  # one parameter set per clip, for each of its frames
             maps = None if maps is None else np.repeat(maps, frames, axis=0)
             params = [{k: np.repeat(v, frames) for k, v in p.items()} for p in params]
-        size = (int(out_sizes[0][0]), int(out_sizes[1][0]))
         shape = (clips, frames, chw[0].shape[0], *size) if frames > 1 else (len(chw), chw[0].shape[0], *size)
         if out is not None and (tuple(out.shape) != shape or out.dtype != self.dtype or out.device != self._out_device):
             raise ValueError(f"out must be a {self.dtype} tensor of shape {shape} on {self._out_device}, "
@@ -125,6 +141,31 @@ class Augment:
         if out is not None:
             return out
         return result.view(clips, frames, *result.shape[1:]) if frames > 1 else result
+
+    def draw(self, sizes: Sizes, step: int | None = None) -> Draws:
+        """The parameters of a batch of images of ``sizes`` (heights, widths), for :meth:`apply_image`
+        (``step``: as in :meth:`__call__`). One call per batch: a loader's threads then augment each
+        their own images with them, in any order, and get what ``__call__`` gives."""
+        if step is None:
+            step, self._calls = self._calls, self._calls + 1
+        rng = np.random.default_rng(None if self.seed is None else [self.seed, self.epoch, step])
+        maps, out_sizes = self._maps(rng, sizes)
+        if len(set(out_sizes[0].tolist())) > 1 or len(set(out_sizes[1].tolist())) > 1:
+            raise ValueError("images of different sizes need a RandomResizedCrop, CenterCrop or Resize op "
+                             "to give them one output size")
+        params = [op.draw(rng, len(sizes[0])) for op in self.photometric]
+        return Draws(maps, (int(out_sizes[0][0]), int(out_sizes[1][0])), params)
+
+    def apply_image(self, image: np.ndarray, i: int, draws: Draws, out: np.ndarray) -> None:
+        """Augment ``image`` ((H, W, C) uint8 or float in [0, 1]) as sample ``i`` of ``draws`` into
+        ``out`` ((height, width, C) float32), on the calling thread, as the ``opencv`` backend does."""
+        augment_image(image, None if draws.maps is None else draws.maps[i], draws.size, self.resampling,
+                      self.photometric, [{name: float(values[i]) for name, values in p.items()} for p in draws.params],
+                      out)
+
+    def __getstate__(self) -> dict:
+        """Picklable (a loader's worker processes get a copy): the thread pool stays behind."""
+        return self.__dict__ | {"_pool": None}
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the parameters of ``epoch`` from its own stream, counting calls from 0 (kept where a
@@ -167,7 +208,7 @@ class Augment:
         images = [i.permute(1, 2, 0).numpy() for i in chw]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-augment")
-        augment_images(images, maps, size, self.photometric, params, target, self._pool, self.threads)
+        augment_images(images, maps, size, self.resampling, self.photometric, params, target, self._pool, self.threads)
         if not direct:
             nhwc.copy_(torch.from_numpy(target))
         if into is not None and into is not out:
@@ -195,7 +236,7 @@ class Augment:
             x = x.mul_(1 / 255)
         x = x.contiguous()
         if maps is not None:
-            x = sample(x, torch.from_numpy(maps).to(self.device, geometric_dtype), size)
+            x = sample(x, torch.from_numpy(maps).to(self.device, geometric_dtype), size, self.resampling)
         x = x.to(self.dtype)
         for op, p in zip(self.photometric, params, strict=True):
             x = op.apply(x, {k: torch.from_numpy(v).to(self.device, self.dtype) for k, v in p.items()})

@@ -76,6 +76,30 @@ def default_readers(peers: dict[str, str], cores: int) -> list[Reader]:
     return readers
 
 
+def standard_readers(cores: int) -> list[Reader]:
+    """``--transform standard``: the training and the validation pipeline (torchvision's, as a
+    training script holds them), each through a DataLoader with ``cores`` workers, through
+    stoker.Loader(transform=...) and written by hand as CropSpec + stoker.augment."""
+    readers = []
+    for pipeline in ("train", "val"):
+        for via, name in (("dataloader", f"DataLoader + torchvision, {cores} workers"),
+                          ("transform", "stoker.Loader(transform=the Compose)"),
+                          ("hand", "stoker.Loader + stoker.augment by hand")):
+            readers.append(Reader(f"{pipeline}-{via}", f"{pipeline}: {name}", "standard.py",
+                                  args=("--via", via, "--pipeline", pipeline), workers=cores))
+    return readers
+
+
+def report_standard(rows: list[Row]) -> str:
+    """The ``--transform standard`` ratios the targets are stated in (issue 19)."""
+    warm = {row.reader.key: row.median("warm_epoch") for row in rows if not row.error}
+    targets = (("train-transform", "train-dataloader", "train: Loader(transform=) / DataLoader", "target >= 3x"),
+               ("train-transform", "train-hand", "train: Loader(transform=) / by hand", "target >= 0.9x"),
+               ("val-transform", "val-dataloader", "val: Loader(transform=) / DataLoader", "target >= 2x"))
+    return "\n".join(f"{label}: {warm[a] / warm[b]:.2f}x ({target})" for a, b, label, target in targets
+                     if a in warm and b in warm)
+
+
 def restart_readers(shards: Path) -> list[Reader]:
     """stoker.Loader at 224 and 160 px on ``shards``, the photos packed with ``--restart-rows``."""
     return [Reader("rst", _RESTART, "stoker_loader.py", shards=shards),
@@ -227,10 +251,11 @@ def prepare_data(data: Path, count: int, images: Path | None = None, progress: b
 
 def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, peers: dict[str, str] | None = None,
                  only: str = "", repeat: int = 3, batch: int = 256, cold: bool = False, force: bool = False,
-                 restart_rows: bool = False) -> str:
+                 restart_rows: bool = False, transform: str | None = None) -> str:
     """The whole ``stoker bench loader`` run: check the machine is idle, prepare, measure, report.
     ``restart_rows`` adds stoker.Loader on the photos packed with ``--restart-rows`` (224 and 160
-    px, whatever ``only`` says) and the pack's rate and size with and without it."""
+    px, whatever ``only`` says) and the pack's rate and size with and without it. ``transform="standard"``:
+    the standard torchvision pipelines instead of the default readers (:func:`standard_readers`)."""
     from stoker.bench.pack_rate import measure_packs, pack_report
     from stoker.pack import pack
 
@@ -239,7 +264,8 @@ def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, p
     refuse_if_busy(force)
     photos, shards = prepare_data(data, count, images)
     cores = os.cpu_count() or 1
-    readers = [r for r in default_readers(peers or {}, cores) if not only or r.key in only.split(",")]
+    every = standard_readers(cores) if transform == "standard" else default_readers(peers or {}, cores)
+    readers = [r for r in every if not only or r.key in only.split(",")]
     if restart_rows:
         pack(photos, data / "shards-restart", restart_rows=True)
         readers += restart_readers(data / "shards-restart")
@@ -251,5 +277,7 @@ def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, p
     load = os.getloadavg()
     head = (f"stoker bench loader: {len(readers)} readers, {cores} cores, batch {batch}, medians of {repeat}, "
             f"{'cold' if cold else 'warm'} page cache; load average after {load[0]:.2f}")
+    if transform == "standard":
+        return head + "\n" + report(rows, cores) + "\n" + report_standard(rows)
     text = head + "\n" + report(rows, cores, floor_pss_mb())
     return text + ("\n" + pack_report(packs, cores) if packs else "")

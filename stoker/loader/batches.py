@@ -1,23 +1,28 @@
 """Making one batch: the work that pipeline threads share, or that a worker process does alone.
 
 A batch is fully determined by (seed, epoch, batch number, rank) and the order's indices, so it
-comes out the same whether 1 thread, 8 threads or a worker process makes it.
+comes out the same whether 1 thread, 8 threads or a worker process makes it. With a batched
+augmentation (a translated torchvision pipeline), its parameters are drawn once per batch from
+those numbers too, and each thread augments the images it decoded, right after decoding them.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
+from stoker.data.decode import decode_image
 from stoker.errors import CorruptDataError, TransformError
 from stoker.loader.buffers import mapped_pixels, thread_buffer
-from stoker.loader.crops import BatchDraws, CropSpec, draw_batch
+from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
@@ -26,6 +31,16 @@ _READ_BUFFER_BYTES = 16 << 20
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 OnError = Literal["raise", "skip"]
 log = logging.getLogger("stoker.loader")
+
+
+@dataclass(frozen=True)
+class ThreadAugment:
+    """Batched augmentation run image by image on the thread that decoded the image: ``augment``
+    (CPU, opencv backend; its parameters drawn once per batch) writes float32, which the batch
+    keeps as ``dtype``: a float dtype, or uint8 (rounded back) where the pipeline is still at uint8."""
+
+    augment: Augment
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -41,9 +56,10 @@ class Batch:
     images: torch.Tensor
     labels: torch.Tensor
     draws: BatchDraws
-    transformed: list[torch.Tensor | None] | None
+    transformed: list[Any] | None  # each sample's transformed tensor (first its whole image, without a crop)
     encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
     replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per sample: a damaged one was skipped
+    augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
 
 
 @dataclass(frozen=True)
@@ -55,53 +71,101 @@ class BatchMaker:
     replaced by the next readable one in the data set, with the same crop, as ShardDataset does."""
 
     dataset: ShardDataset
-    crop: CropSpec
+    crop: CropSpec | None  # None: whole images, decoded with Pillow for ``transform`` (which makes them one size)
     transform: SampleTransform | None
     seed: int
     rank: int
     world_size: int
     on_error: OnError = "raise"
+    augment: ThreadAugment | None = None
 
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
               pixels: torch.Tensor | None = None) -> Batch:
         """Start batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops; its
         pixels go into ``pixels`` (a reused buffer of the batch's shape), else fresh memory:
         shared memory with ``shared``, for a worker process to hand over without a copy."""
-        shape = (len(indices), *self.sample_shape())
-        if pixels is not None and tuple(pixels.shape) == shape:
-            images = pixels
+        n, dtype = len(indices), self.pixel_dtype()
+        shape, nbytes = (n, *self.sample_shape()), (n, *self.buffer_shape())
+        if pixels is not None and tuple(pixels.shape) == nbytes:
+            images = pixels.view(dtype)
+        elif shared:
+            images = torch.empty(shape, dtype=dtype).share_memory_()
         else:
-            images = torch.empty(shape, dtype=torch.uint8).share_memory_() if shared else mapped_pixels(shape)
-        labels = torch.empty(len(indices), dtype=torch.int64)
-        draws = self.draws(epoch, number, len(indices))
-        transformed = [None] * len(indices) if self.transform is not None else None
+            images = mapped_pixels(nbytes).view(dtype)
+        labels = torch.empty(n, dtype=torch.int64)
+        if self.crop is None:
+            draws = BatchDraws(np.zeros((n, CROP_TRIES, 4)), np.zeros(n, dtype=bool))
+        else:
+            draws = self.draws(epoch, number, n)
+        transformed: list[Any] | None = [None] * n if self.transform is not None else None
+        augment_draws = None
+        if self.augment is not None:
+            height, width = shape[1:3]
+            augment_draws = self.augment.augment.draw((np.full(n, height), np.full(n, width)),
+                                                      step=self.augment_step(epoch, number))
         return Batch(epoch, number, np.array(indices), images, labels, draws, transformed,
-                     replaced=np.zeros(len(indices), bool))
+                     replaced=np.zeros(n, bool), augment_draws=augment_draws)
 
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
         """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
         across ranks), so they do not depend on what makes the batch."""
+        assert self.crop is not None, "whole images have no crop to draw"
         return draw_batch(self.seed, epoch, self.batch_key(number), n, self.crop)
 
     def batch_key(self, number: int) -> int:
         """Batch ``number`` of this rank, numbered across all ranks."""
         return number * self.world_size + self.rank
 
+    def augment_step(self, epoch: int, number: int) -> int:
+        """Which draw of the augmentation's seeded stream batch ``number`` of ``epoch`` gets: a
+        number of its own for every (epoch, batch across ranks), never a count of earlier calls."""
+        return (epoch << 32) + self.batch_key(number)
+
     def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one sample's pixels in the batch: (H, W, 3)."""
-        return (*self.crop.size, 3)
+        """The shape of one sample's pixels in the batch: (H, W, 3); (0,) for whole images."""
+        return (*self.crop.size, 3) if self.crop is not None else (0,)
+
+    def pixel_dtype(self) -> torch.dtype:
+        """The batch's pixels: uint8, or float32 where the augmentation writes floats."""
+        return torch.float32 if self.augment is not None and self.augment.dtype != torch.uint8 else torch.uint8
+
+    def buffer_shape(self) -> tuple[int, ...]:
+        """:meth:`sample_shape` in bytes (a uint8 buffer, viewed as :meth:`pixel_dtype`)."""
+        shape = self.sample_shape()
+        return (*shape[:-1], shape[-1] * self.pixel_dtype().itemsize)
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
-        """Read, decode and place the samples at ``positions`` of ``batch`` (any thread)."""
+        """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread)."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
-        for j in positions:
-            targets[j] = self._place_readable(batch, int(j), pixels[j])
-            index = int(batch.indices[j])
+        for j in map(int, positions):
+            if self.crop is None:
+                targets[j] = self._place_readable(batch, j, None)
+                image = batch.transformed[j]  # type: ignore[index]  # the whole image, as ImageFolder gives it
+            elif self.augment is None:
+                targets[j] = self._place_readable(batch, j, pixels[j])
+                image = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
+            else:
+                size = pixels[j].size  # decoded into this thread's scratch, then augmented into the batch
+                cropped = np.frombuffer(thread_buffer("crop", size), np.uint8, size).reshape(pixels[j].shape)
+                targets[j] = self._place_readable(batch, j, cropped)
+                self._augment(batch, j, cropped, pixels[j])
+                image = batch.images[j].movedim(-1, -3)
             if batch.transformed is not None:
-                channels_first = batch.images[j].movedim(-1, -3)  # (3, H, W), or (T, 3, H, W) for a clip
-                batch.transformed[j] = self._transform(index, channels_first)
+                batch.transformed[j] = self._transform(int(batch.indices[j]), image)
 
-    def _place_readable(self, batch: Batch, j: int, out: np.ndarray) -> int:
+    def _augment(self, batch: Batch, j: int, cropped: np.ndarray, out: np.ndarray) -> None:
+        """Augment sample ``j``'s crop into ``out``, its slot of the batch (float32, or rounded to uint8)."""
+        assert self.augment is not None and batch.augment_draws is not None
+        if out.dtype == np.float32:
+            self.augment.augment.apply_image(cropped, j, batch.augment_draws, out)
+            return
+        result = np.frombuffer(thread_buffer("augmented", out.size * 4), np.float32, out.size).reshape(out.shape)
+        self.augment.augment.apply_image(cropped, j, batch.augment_draws, result)
+        np.multiply(result, 255, out=result)
+        np.rint(result, out=result)
+        out[...] = result
+
+    def _place_readable(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
         """:meth:`place` sample ``j``; under ``on_error="skip"``, the next readable sample instead of
         a damaged one (its index written into ``batch.indices``)."""
         n = len(self.dataset)
@@ -117,9 +181,19 @@ class BatchMaker:
                 batch.indices[j] = (first + attempt + 1) % n
         raise CorruptDataError(self.dataset.root, None, "no readable sample left")
 
-    def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
-        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label."""
+    def place(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
+        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label. ``out`` None:
+        the whole image, decoded as ImageFolder's loader does (an RGB PIL image), kept in
+        ``batch.transformed[j]`` for the transform."""
         index = int(batch.indices[j])
+        if out is None:
+            data, label = self.dataset.read_image(index)
+            try:
+                batch.transformed[j] = decode_image(bytes(data), "pil")  # type: ignore[index]
+            except Exception as e:  # decoders raise many types for bad data
+                raise self.dataset.decode_error(index, e) from None
+            return label
+        assert self.crop is not None  # only whole images (above) have none
         data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
         try:
             decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out, self.dataset.restart_rows)
@@ -128,14 +202,26 @@ class BatchMaker:
         return label
 
     def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images, labels)``: NHWC uint8 pixels, or the transformed samples stacked."""
+        """``(images, labels)``: NHWC pixels (uint8, or float as augmented), or the transformed samples stacked."""
         if batch.transformed is None:
-            return batch.images, batch.labels
-        return torch.stack(batch.transformed), batch.labels  # type: ignore[arg-type]
+            wanted = self.augment.dtype if self.augment is not None else torch.uint8
+            return (batch.images if batch.images.dtype == wanted else batch.images.to(wanted)), batch.labels
+        try:
+            return torch.stack(batch.transformed), batch.labels
+        except RuntimeError as e:  # sizes differ: the transform did not make them one size
+            first = self.dataset.key(int(batch.indices[0]))
+            raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "
+                                 "a DataLoader could not collate them either") from None
 
     def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         """A whole batch, made by the calling thread (a worker process's job), and how many damaged
-        samples it skipped."""
+        samples it skipped. The process's own random generators (torch's, Python's), which
+        per-sample transforms draw from, are seeded from the batch's numbers first, so the batch is
+        the same whichever worker makes it."""
+        if self.transform is not None:
+            seed = int(np.random.SeedSequence([self.seed, epoch, self.batch_key(number)]).generate_state(1)[0])
+            torch.manual_seed(seed)
+            random.seed(seed)
         batch = self.start(epoch, number, indices, shared=True)
         self.fill(batch, np.arange(len(indices)))
         return self.finish(batch), int(batch.replaced.sum())

@@ -22,8 +22,13 @@ class CropSpec:
 
     ``random_resized``: torchvision's RandomResizedCrop (``scale``, ``ratio``);
     ``center``: the central ``center_fraction`` of the short side at the output's aspect, as
-    Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched.
-    ``flip`` mirrors half the images, chosen at random.
+    Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched. These two
+    are resampled with OpenCV, each image decoded at the smallest DCT scale its crop allows; with
+    ``exact`` (what a translated torchvision Resize gets) instead as torchvision's PIL path does:
+    decoded whole with Pillow's IDCT and upsampling, torchvision's fractional box resampled with
+    Pillow's antialiased bilinear filter (within 1/255 of ImageFolder + Resize + CenterCrop; slower
+    for large images).
+    ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
     """
 
     kind: CropKind = "random_resized"
@@ -31,7 +36,13 @@ class CropSpec:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     center_fraction: float = 0.875
-    flip: bool = True
+    flip: bool | float = True
+    exact: bool = False
+
+    @property
+    def flip_p(self) -> float:
+        """The probability that an image is mirrored."""
+        return 0.5 if self.flip is True else float(self.flip)
 
 
 @dataclass(frozen=True)
@@ -46,19 +57,17 @@ def draw_batch(seed: int, epoch: int, batch: int, n: int, spec: CropSpec) -> Bat
     """Random numbers for batch ``batch`` of ``epoch``; the same whatever decodes it."""
     rng = np.random.default_rng([seed, epoch, batch])
     tries = rng.random((n, CROP_TRIES, 4))
-    flips = rng.random(n) < 0.5 if spec.flip else np.zeros(n, dtype=bool)
+    flips = rng.random(n) < spec.flip_p if spec.flip_p else np.zeros(n, dtype=bool)
     return BatchDraws(tries, flips)
 
 
 def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tuple[int, int, int, int]:
     """(top, left, crop height, crop width) in the source image, for one sample's ``tries``."""
     out_h, out_w = spec.size
-    if spec.kind == "resize":
-        return 0, 0, height, width
-    if spec.kind == "center":
-        factor = min(out_h, out_w) / spec.center_fraction / min(height, width)
-        ch, cw = min(height, max(1, round(out_h / factor))), min(width, max(1, round(out_w / factor)))
-        return (height - ch) // 2, (width - cw) // 2, ch, cw
+    if spec.kind != "random_resized":
+        top, left, ch, cw = exact_box(spec, height, width)
+        bottom, right = min(height, math.ceil(top + ch)), min(width, math.ceil(left + cw))
+        return int(top), int(left), max(1, bottom - int(top)), max(1, right - int(left))
     area = height * width
     log_lo, log_hi = math.log(spec.ratio[0]), math.log(spec.ratio[1])
     for u_area, u_ratio, u_top, u_left in tries:
@@ -75,3 +84,20 @@ def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tupl
     else:
         ch, cw = height, width
     return (height - ch) // 2, (width - cw) // 2, ch, cw
+
+
+def exact_box(spec: CropSpec, height: int, width: int) -> tuple[float, float, float, float]:
+    """(top, left, height, width) in source pixels, fractional, of a deterministic crop (``center``,
+    ``resize``): exactly what torchvision's Resize(short side) + CenterCrop (``center``) or
+    Resize((h, w)) (``resize``) take from the image, so resampling that box gives their pixels."""
+    if spec.kind == "resize":
+        return 0.0, 0.0, float(height), float(width)
+    out_h, out_w = spec.size
+    short = round(min(out_h, out_w) / spec.center_fraction)  # Resize(short): the short side becomes this
+    if width <= height:
+        new_h, new_w = int(short * height / width), short  # torchvision truncates the long side
+    else:
+        new_h, new_w = short, int(short * width / height)
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))  # CenterCrop's offsets
+    sy, sx = height / new_h, width / new_w
+    return top * sy, left * sx, out_h * sy, out_w * sx

@@ -17,6 +17,7 @@ workers each make whole batches with the same code, into shared memory.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from collections.abc import Generator, Iterator
@@ -27,13 +28,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
 from stoker.env import warn_fallback_once
-from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform
+from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
+from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 
 # What the batch-making generators yield: the batch's number, (images, labels), damaged samples skipped.
 _Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
+_log = logging.getLogger(__name__)
 
 
 class Loader:
@@ -65,7 +69,13 @@ class Loader:
     rank gets a disjoint share of equal length, padded by repeating the start of the order unless
     ``drop_last``, so every rank yields the same number of batches.
 
-    ``transform`` runs on every sample after the crop: it gets a (3, H, W) uint8 tensor, or
+    ``transform``: a torchvision pipeline (v1 or v2, e.g. your ImageFolder's ``T.Compose([...])``)
+    is read as three parts (stoker/loader/torchvision_plan.py): its leading geometry becomes the
+    fused crop, the ops stoker.augment has after it run batched (parameters drawn per batch, each
+    image augmented by the thread that decoded it; on ``device``'s GPU when one is given), and the
+    rest runs per sample as given. The batches are what the pipeline gives through a DataLoader
+    (dtype, range, (B, C, H, W), normalisation); :meth:`explain` says what runs where and why.
+    Any other callable runs on every sample after the crop: it gets a (3, H, W) uint8 tensor, or
     (T, 3, H, W) for a clip (what torchvision v2 transforms take), and returns a tensor; the
     batch is those tensors stacked, and ``layout`` no longer applies. A transform that holds the
     GIL (most Python code) serializes the threads: give ``processes=N`` to make batches in N
@@ -121,7 +131,8 @@ class Loader:
         self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.crop = crop or CropSpec()
+        self._transform_plan = _plan_transform(self._maker_type, transform, crop)
+        self.crop = self._transform_plan.crop
         self.order = order
         # One more thread than cores: a thread waiting on the disk then leaves no core idle. Measured
         # here (2 cores, HDD profile, cold cache) 3 threads gave ~1,320 img/s against ~1,210 for 2;
@@ -135,7 +146,7 @@ class Loader:
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
-            self.device = _gpu_for_decoding(self._maker_type, transform, processes, self.device)
+            self.device = _gpu_for_decoding(self._maker_type, self._transform_plan, processes, self.device)
         elif decode != "cpu":
             raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
         else:
@@ -144,6 +155,10 @@ class Loader:
         self.processes = processes
         self.mp_context = mp_context
         self.transform = transform
+        needs_augment = bool(self._transform_plan.ops) or self._transform_plan.stage == "float"
+        self._on_device = needs_augment and not self._transform_plan.per_sample and self.device is not None \
+            and self.device.type != "cpu"
+        self._in_threads_augment = needs_augment and not self._on_device
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
@@ -152,6 +167,24 @@ class Loader:
         self.epoch = 0
         self._position = 0  # samples of this epoch's share yielded
         self._dataset = dataset.shards.manifest.digest()
+        if transform is not None:
+            _log.info("%s", self.explain())
+
+    def explain(self) -> str:
+        """What the loader does with its ``transform``, step by step: fused into the decode,
+        batched (and where), or per sample as given, each with the reason."""
+        if self._on_device:
+            where = f"stoker.augment on {self.device}, whole batches"
+        else:
+            where = "stoker.augment on the CPU, each image by the loader thread that decoded it, parameters drawn per batch"
+        if self.processes:
+            where += f", in {self.processes} worker processes"
+        head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
+        text = head + "\n" + self._transform_plan.explain(where)
+        if self._transform_plan.per_sample and self.processes == 0:
+            text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
+                     "a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
+        return text
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -196,7 +229,7 @@ class Loader:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
                 self._position = min((batch + 1) * self.batch_size, len(plan.share))
-                yield self._deliver(images, labels)
+                yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
             self.epoch, self._position = self.epoch + 1, 0
         finally:
             batches.close()  # stops the threads or worker processes now, not when collected
@@ -208,11 +241,17 @@ class Loader:
         return f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped" if self.skipped else ""
 
     def _batch_maker(self) -> BatchMaker:
-        args = (self.dataset, self.crop, self.transform, self.seed, self.rank, self.world_size, self.on_error)
+        steps = self._transform_plan
+        per_sample = PerSample(steps.per_sample, steps.given) if steps.per_sample else None
+        args = (self.dataset, self.crop, per_sample, self.seed, self.rank, self.world_size, self.on_error)
         if self.decode == "gpu":
             from stoker.loader.gpu_decode import GpuBatchMaker
 
             return GpuBatchMaker(*args, device=self.device)
+        if self._in_threads_augment:
+            dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
+            augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
+            return self._maker_type(*args, augment=augment)
         return self._maker_type(*args)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
@@ -223,7 +262,7 @@ class Loader:
         numbers = range(plan.start // self.batch_size, len(self))
         upcoming = 0  # position in numbers of the next batch to queue
         if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
-            self._ring = BatchRing((self.batch_size, *maker.sample_shape()), self.prefetch + 1)
+            self._ring = BatchRing((self.batch_size, *maker.buffer_shape()), self.prefetch + 1)
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
         pending: deque[tuple[Batch, list[Future]]] = deque()
         try:
@@ -288,13 +327,22 @@ class Loader:
         chunks = [ordered[t :: self.threads] for t in range(min(self.threads, len(ordered)))]
         return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks]
 
-    def _deliver(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout == "NCHW" and self.transform is None:
+    def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
+        batch's draw of the augmentation's parameters)."""
+        steps = self._transform_plan
+        if (self.layout == "NCHW" or steps.stage == "float") and not steps.per_sample:
             images = images.movedim(-1, -3)  # NCHW view of NHWC memory: torch.channels_last (per frame of a clip)
         if self.device is not None and self.device.type != "cpu":
             if images.device.type == "cpu":  # not decoded on the GPU already (decode="gpu")
                 images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
+        if self._on_device:
+            dtype = torch.float32 if steps.stage == "uint8" else steps.dtype
+            images = Augment(*steps.ops, seed=self.seed, device=self.device, dtype=dtype, backend="torch",
+                             layout="NCHW")(images, step=step)
+            if steps.stage == "uint8":  # the pipeline's batches are uint8: rounded back
+                images = images.mul_(255).round_().to(torch.uint8)
         return images, labels
 
 
@@ -309,14 +357,26 @@ class _EpochBatches(Dataset):
         return self.maker.make(self.epoch, number, indices)
 
 
-def _gpu_for_decoding(maker_type: type[BatchMaker], transform: SampleTransform | None, processes: int,
+def _plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,
+                    crop: CropSpec | None) -> TransformPlan:
+    """What becomes of ``transform``: a torchvision pipeline over images is translated
+    (torchvision_plan.py); over video clips, any transform runs per clip as given."""
+    if maker_type is BatchMaker:
+        return plan(transform, crop)
+    if transform is None:
+        return TransformPlan(crop or CropSpec())
+    steps = (Step(repr(transform), "per sample", "video clips: run as given on each (T, 3, H, W) uint8 clip"),)
+    return TransformPlan(crop or CropSpec(), per_sample=(transform,), steps=steps)
+
+
+def _gpu_for_decoding(maker_type: type[BatchMaker], plan: TransformPlan, processes: int,
                       device: torch.device | None) -> torch.device:
     """The CUDA device that decodes with decode="gpu", or why there is none."""
     from stoker.augment.device import default_device
 
     if maker_type is not BatchMaker:
         raise ValueError("decode='gpu' decodes images; video clips are decoded on the CPU")
-    if transform is not None or processes:
+    if plan.per_sample or plan.crop is None or processes:
         raise ValueError("decode='gpu' makes batches on the GPU: no per-sample transform or worker processes "
                          "(augment the batch there with stoker.augment)")
     device = device or default_device()

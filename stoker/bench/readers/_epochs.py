@@ -10,7 +10,8 @@ standard library):
                                                                 one JSON line per epoch
 
 Every reader makes the same output: ``--size`` x ``--size`` uint8 RGB images (RandomResizedCrop
-with torchvision's defaults + horizontal flip) and int64 labels, in batches of ``--batch``, with
+with torchvision's defaults + horizontal flip; with ``--pipeline train`` or ``val`` a standard
+torchvision pipeline's float32 (B, 3, size, size) instead) and int64 labels, in batches of ``--batch``, with
 ``--workers`` worker threads or processes, in random (or the reader's documented quasi-random)
 order. ``--photos`` is an ImageFolder tree of JPEGs; ``--shards`` is the same photos packed by
 ``stoker pack``.
@@ -21,10 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+
+def pop_option(name: str) -> str:
+    """Take a reader's own ``name VALUE`` out of the command line (before :func:`parse_args`); VALUE."""
+    at = sys.argv.index(name)
+    value = sys.argv[at + 1]
+    del sys.argv[at : at + 2]
+    return value
 
 
 def parse_args(description: str) -> argparse.Namespace:
@@ -38,6 +48,8 @@ def parse_args(description: str) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--pipeline", choices=["crop", "train", "val"], default="crop",
+                        help="crop: the uint8 crop every reader makes; train/val: a standard torchvision pipeline (float)")
     return parser.parse_args()
 
 
@@ -66,8 +78,10 @@ def check_batch(batch: Any, args: argparse.Namespace) -> None:
     if not hasattr(images, "dtype"):
         return
     size, shape = args.size, tuple(images.shape[1:])
-    if str(images.dtype) != "torch.uint8" or shape not in ((size, size, 3), (3, size, size)):
-        raise AssertionError(f"images are {images.dtype} {tuple(images.shape)}, not uint8 (B, {size}, {size}, 3)")
+    dtype = "torch.uint8" if getattr(args, "pipeline", "crop") == "crop" else "torch.float32"
+    shapes = ((size, size, 3), (3, size, size)) if dtype == "torch.uint8" else ((3, size, size),)
+    if str(images.dtype) != dtype or shape not in shapes:
+        raise AssertionError(f"images are {images.dtype} {tuple(images.shape)}, not {dtype} (B, {size}, {size}, 3)")
     if str(labels.dtype) != "torch.int64" or not len(labels) == len(images) <= args.batch:
         raise AssertionError(f"labels are {labels.dtype} of length {len(labels)} for {len(images)} images")
 

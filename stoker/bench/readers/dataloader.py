@@ -4,8 +4,6 @@ stoker.ShardDataset); ``--workers 0`` loads in the main process."""
 
 from __future__ import annotations
 
-import sys
-
 import _epochs
 import torch
 from _pillow_crop import random_resized_crop
@@ -24,8 +22,7 @@ class _Crop:
 
 
 def main() -> None:
-    source = sys.argv.pop(sys.argv.index("--source") + 1)
-    sys.argv.remove("--source")
+    source = _epochs.pop_option("--source")
     args = _epochs.parse_args(__doc__)
     if args.action == "prepare":
         return
