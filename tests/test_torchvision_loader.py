@@ -289,3 +289,13 @@ def test_the_training_example_resumes_where_it_stopped(photos, tmp_path):
     run("torch.pt", "--loader", "torch", "--workers", "1", "--max-steps", "3")
     out = run("torch.pt", "--loader", "torch", "--workers", "1", "--max-steps", "5", "--resume")
     assert "resumed at step 3, epoch 0" in out and torch.load(tmp_path / "torch.pt")["loader"]["samples_done"] == 5 * 16
+
+
+def test_the_doctor_predicts_the_loader_with_a_torchvision_pipeline(photos):
+    """stoker doctor times stoker.Loader(transform=<the user's Compose>) on its sample pack and proposes it."""
+    train = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
+                       T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    report = stoker.doctor(photos, transform=train, step_time=0.001, batch_size=32, quick=True)
+    loader = next(r for r in report.verdict.remedies if r.name.endswith("stoker.Loader with your transform"))
+    assert loader.predicted_images_per_s and loader.predicted_images_per_s > 0, report.to_text()
+    assert "transform=train_transform" in loader.how

@@ -34,6 +34,7 @@ from stoker.doctor.storage_probe import resident, sequential_rate
 from stoker.doctor.timing import time_passes
 from stoker.errors import StokerError
 from stoker.loader import CropSpec, Loader
+from stoker.loader.torchvision_plan import is_torchvision, plan
 from stoker.pack import pack
 from stoker.storage import evict
 
@@ -71,18 +72,21 @@ class AfterCrop:
         return item if isinstance(item, torch.Tensor) else torch.from_numpy(np.asarray(item))
 
 
-def loader_transform(transform: Callable | None) -> tuple[bool, AfterCrop | None]:
+def loader_transform(transform: Callable | None) -> tuple[bool, Callable | None]:
     """How stoker.Loader runs ``transform``: ``(True, None)`` when its default crop is the whole
-    transform (stoker's standard one, or none); ``(True, rest)`` when the transform starts with
-    RandomResizedCrop (+ flip) and ``rest`` runs per sample after the crop; ``(False, None)``
-    when the Loader cannot take it yet.
-
-    This is the one place to change once the Loader takes a torchvision Compose itself (it then
-    fuses what it recognises): return ``(True, transform)`` and build ``Loader(..., transform=
-    transform)`` in :func:`stoker_loader`.
+    transform (stoker's standard one, or none); ``(True, transform)`` for a torchvision pipeline
+    the Loader reads itself (``Loader(transform=...)``: fused crop, batched augmentation, the rest
+    per sample); ``(True, rest)`` when another transform starts with RandomResizedCrop (+ flip)
+    and ``rest`` runs per sample after the crop; ``(False, None)`` when the Loader cannot take it.
     """
     if transform is None or isinstance(transform, StandardTransform):
         return True, None
+    if is_torchvision(transform):
+        try:
+            plan(transform, None)
+        except ValueError:  # a pipeline the Loader refuses (one that ends in PIL images, ...)
+            return False, None
+        return True, transform
     stages = [stage for _, stage in transform_stages(transform)]
     head = 0
     while head < len(stages) and head < len(FUSED_HEAD) and type(stages[head]).__name__ == FUSED_HEAD[head]:
@@ -92,10 +96,12 @@ def loader_transform(transform: Callable | None) -> tuple[bool, AfterCrop | None
     return True, AfterCrop(stages[head:])
 
 
-def stoker_loader(root: str | os.PathLike, batch_size: int, size: int, transform: AfterCrop | None = None,
+def stoker_loader(root: str | os.PathLike, batch_size: int, size: int, transform: Callable | None = None,
                   decode: str = "cpu") -> Loader:
-    """The Loader every remedy that uses it is timed with, in the doctor and in ``--prove``."""
-    return Loader(ShardDataset(root), batch_size, crop=CropSpec(size=(size, size)), transform=transform, decode=decode)
+    """The Loader every remedy that uses it is timed with, in the doctor and in ``--prove``: a
+    torchvision pipeline says its own crop, anything else runs after a ``size`` crop."""
+    crop = None if is_torchvision(transform) else CropSpec(size=(size, size))
+    return Loader(ShardDataset(root), batch_size, crop=crop, transform=transform, decode=decode)
 
 
 @dataclass

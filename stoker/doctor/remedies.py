@@ -109,7 +109,7 @@ def _packed_loader(f: Figures) -> Prediction | None:
     if f.user_transform:
         if f.stoker_loader_transform is None:
             return None
-        loader = ("Lt", f.stoker_loader_transform, f"stoker.Loader with the transform's stages after the crop, {what}, warm")
+        loader = ("Lt", f.stoker_loader_transform, f"stoker.Loader(transform=your pipeline), {what}, warm")
     else:
         loader = ("L", f.stoker_loader, f"stoker.Loader {what}, warm")
     if loader[1] is None:
