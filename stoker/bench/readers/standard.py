@@ -19,8 +19,8 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-import stoker
 import stoker.augment as A
+from stoker import CropSpec, Loader, ShardDataset  # imported at start, as a training script does
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -36,7 +36,7 @@ def pipeline(name: str, size: int) -> T.Compose:
 class _ByHand:
     """The same pipeline as CropSpec + stoker.augment, written by hand; the output buffer reused."""
 
-    def __init__(self, loader: stoker.Loader, augment: A.Augment) -> None:
+    def __init__(self, loader: Loader, augment: A.Augment) -> None:
         self.loader, self.augment, self.out = loader, augment, None
 
     def __iter__(self):
@@ -57,13 +57,13 @@ def main() -> None:
         dataset = ImageFolder(args.photos, transform=transform)
         make = lambda epoch: DataLoader(dataset, args.batch, shuffle=True, num_workers=args.workers)  # noqa: E731
     elif via == "transform":
-        loader = stoker.Loader(stoker.ShardDataset(args.shards), args.batch, transform=transform, threads=args.workers + 1)
+        loader = Loader(ShardDataset(args.shards), args.batch, transform=transform, threads=args.workers + 1)
         make = lambda epoch: loader  # noqa: E731
     else:
         train = args.pipeline == "train"
-        crop = stoker.CropSpec("random_resized" if train else "center", (size, size), flip=train)
+        crop = CropSpec("random_resized" if train else "center", (size, size), flip=train)
         ops = (A.ColorJitter(0.4, 0.4, 0.4),) if train else ()
-        by_hand = _ByHand(stoker.Loader(stoker.ShardDataset(args.shards), args.batch, crop=crop, threads=args.workers + 1),
+        by_hand = _ByHand(Loader(ShardDataset(args.shards), args.batch, crop=crop, threads=args.workers + 1),
                           A.Augment(*ops, A.Normalize(MEAN, STD), seed=0, device="cpu", threads=args.workers))
         make = lambda epoch: by_hand  # noqa: E731
     _epochs.report_epochs(make, args)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import _epochs
 
-import stoker
+# Imported here, as a training script imports at its start: ``import stoker`` alone defers the
+# Loader's modules (and torch) to first use, which would count them in the time to first batch.
+from stoker import CropSpec, Loader, ShardDataset
 
 
 def main() -> None:
@@ -13,11 +15,11 @@ def main() -> None:
         return  # reads the shards that stoker pack made
     loader = None
 
-    def epoch(number: int) -> stoker.Loader:
+    def epoch(number: int) -> Loader:
         nonlocal loader
         if loader is None:  # built inside the first epoch, so time to first batch includes opening the data set
-            loader = stoker.Loader(stoker.ShardDataset(args.shards), args.batch, threads=args.workers,
-                                   crop=stoker.CropSpec(size=(args.size, args.size)))
+            loader = Loader(ShardDataset(args.shards), args.batch, threads=args.workers,
+                            crop=CropSpec(size=(args.size, args.size)))
         return loader
 
     _epochs.report_epochs(epoch, args)
