@@ -83,8 +83,8 @@ class Augment:
     def __init__(self, *ops: Geometric | Photometric, seed: int | None = None, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, channels_last: bool = True, layout: Layout = "auto",
                  backend: Backend = "auto", threads: int | None = None) -> None:
-        kinds = ["geometric" if isinstance(op, GEOMETRIC) else "photometric" if isinstance(op, PHOTOMETRIC) else None
-                 for op in ops]
+        kinds: list[str | None] = ["geometric" if isinstance(op, GEOMETRIC) else "photometric" if isinstance(op, PHOTOMETRIC)
+                                   else None for op in ops]
         if None in kinds:
             raise TypeError(f"not an augmentation: {ops[kinds.index(None)]!r}")
         if "photometric" in kinds and "geometric" in kinds[kinds.index("photometric"):]:
@@ -92,8 +92,8 @@ class Augment:
                              "they are fused into one sampling pass")
         if layout not in ("auto", "NCHW", "NHWC"):
             raise ValueError(f"layout must be auto, NCHW or NHWC, got {layout!r}")
-        self.geometric = [op for op, kind in zip(ops, kinds, strict=True) if kind == "geometric"]
-        self.photometric = [op for op, kind in zip(ops, kinds, strict=True) if kind == "photometric"]
+        self.geometric: list[Geometric] = [op for op in ops if isinstance(op, GEOMETRIC)]
+        self.photometric: list[Photometric] = [op for op in ops if isinstance(op, PHOTOMETRIC)]
         self.resampling = Resampling.of(self.geometric)
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)

@@ -57,7 +57,7 @@ class Batch:
     labels: torch.Tensor
     draws: BatchDraws
     transformed: list[Any] | None  # each sample's transformed tensor (first its whole image, without a crop)
-    encoded: list[torch.Tensor | None] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
+    encoded: list[torch.Tensor] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
     replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per sample: a damaged one was skipped
     augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
 
@@ -172,7 +172,7 @@ class BatchMaker:
         first = int(batch.indices[j])
         for attempt in range(n):
             try:
-                return self.place(batch, j, out)
+                return self.place_whole(batch, j) if out is None else self.place(batch, j, out)
             except CorruptDataError as e:
                 if self.on_error == "raise":
                     raise
@@ -181,19 +181,21 @@ class BatchMaker:
                 batch.indices[j] = (first + attempt + 1) % n
         raise CorruptDataError(self.dataset.root, None, "no readable sample left")
 
-    def place(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
-        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label. ``out`` None:
-        the whole image, decoded as ImageFolder's loader does (an RGB PIL image), kept in
-        ``batch.transformed[j]`` for the transform."""
+    def place_whole(self, batch: Batch, j: int) -> int:
+        """Read sample ``j`` of ``batch`` and decode the whole image as ImageFolder's loader does (an
+        RGB PIL image), kept in ``batch.transformed[j]`` for the transform (no crop); its label."""
         index = int(batch.indices[j])
-        if out is None:
-            data, label = self.dataset.read_image(index)
-            try:
-                batch.transformed[j] = decode_image(bytes(data), "pil")  # type: ignore[index]
-            except Exception as e:  # decoders raise many types for bad data
-                raise self.dataset.decode_error(index, e) from None
-            return label
-        assert self.crop is not None  # only whole images (above) have none
+        data, label = self.dataset.read_image(index)
+        try:
+            batch.transformed[j] = decode_image(bytes(data), "pil")  # type: ignore[index]
+        except Exception as e:  # decoders raise many types for bad data
+            raise self.dataset.decode_error(index, e) from None
+        return label
+
+    def place(self, batch: Batch, j: int, out: np.ndarray) -> int:
+        """Read sample ``j`` of ``batch``, decode and crop it into ``out``; its label."""
+        index = int(batch.indices[j])
+        assert self.crop is not None  # only whole images (place_whole) have none
         data, label = self.dataset.read_image(index, thread_buffer("read", _READ_BUFFER_BYTES))
         try:
             decode_into(data, self.crop, batch.draws.tries[j], bool(batch.draws.flips[j]), out, self.dataset.restart_rows)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stoker.loader.batches import Batch, BatchMaker
+from stoker.loader.crops import CropSpec
 from stoker.loader.decode_crop import crop_into, decode_into
 from stoker.video.dataset import VideoClipDataset
 
@@ -23,7 +24,8 @@ class ClipBatchMaker(BatchMaker):
     each clip follows the Loader's seed, epoch and batch (not the data set's ``seed``), so a batch
     is the same whatever makes it."""
 
-    dataset: VideoClipDataset  # type: ignore[assignment]
+    dataset: VideoClipDataset  # type: ignore[assignment]  # no ShardDataset, but has what the base reads (key, root, len)
+    crop: CropSpec  # clips are always cropped (Loader: CropSpec() by default)
 
     def sample_shape(self) -> tuple[int, ...]:
         """(T, H, W, 3), after a clips dimension when the data set gives several clips per video."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 
 import cv2
 import numpy as np
@@ -21,6 +22,7 @@ from PIL import Image
 from stoker.loader.buffers import thread_buffer
 from stoker.loader.crops import CropSpec, crop_box, exact_box
 
+decode_region: Callable[..., tuple[int, int, int, int]] | None  # None: the extension is not built
 try:  # built where libjpeg's headers were found (see setup.py); without it, whole images are decoded
     from stoker.loader._jpeg_region import RestartTableError, decode_region
 except ImportError:
@@ -87,7 +89,7 @@ def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarra
     scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
     if decode_region is not None:
         strip = thread_buffer("strip", len(data) + _STRIP_SLACK) if restarts else None
-        image, origin = _decode_region(data, height, width, box, scale, buffer, strip)
+        image, origin = _decode_region(decode_region, data, height, width, box, scale, buffer, strip)
     else:
         image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
                                        min_height=scaled[0], min_width=scaled[1], buffer=buffer)
@@ -128,12 +130,14 @@ def _dct_scale(spec: CropSpec, box: tuple[int, int, int, int]) -> int:
     return scale
 
 
-def _decode_region(data: bytes | memoryview, height: int, width: int, box: tuple[int, int, int, int], scale: int,
-                   buffer: bytearray, strip: bytearray | None) -> tuple[np.ndarray, tuple[int, int]]:
-    """Decode only the rows and iMCU columns around ``box`` at 1/``scale``: the block, and where its
-    top-left pixel lies in the whole image at that scale. Bit-exact with simplejpeg's full decode
-    (fastdct, fastupsample); measured here ~600 instead of ~750 us per photo for RandomResizedCrop
-    boxes: rows above the box are still entropy-decoded, which is most of the cost.
+def _decode_region(decode: Callable[..., tuple[int, int, int, int]], data: bytes | memoryview, height: int, width: int,
+                   box: tuple[int, int, int, int], scale: int, buffer: bytearray,
+                   strip: bytearray | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """Decode only the rows and iMCU columns around ``box`` at 1/``scale`` with ``decode`` (the
+    extension's ``decode_region``): the block, and where its top-left pixel lies in the whole image
+    at that scale. Bit-exact with simplejpeg's full decode (fastdct, fastupsample); measured here
+    ~600 instead of ~750 us per photo for RandomResizedCrop boxes: rows above the box are still
+    entropy-decoded, which is most of the cost.
 
     With ``strip`` (a buffer to build a strip JPEG in), a JPEG with a restart table is entropy-decoded
     only from the restart marker above the box and in the restart intervals across it: ~0.75x the
@@ -145,7 +149,7 @@ def _decode_region(data: bytes | memoryview, height: int, width: int, box: tuple
     top, left, ch, cw = box
     # One source row and column past the box: the resize below may round up to them.
     region = (top, left, min(height - top, ch + scale), min(width - left, cw + scale))
-    rows, cols, dy, dx = decode_region(data, *region, scale, buffer, *(() if strip is None else (strip,)))
+    rows, cols, dy, dx = decode(data, *region, scale, buffer, *(() if strip is None else (strip,)))
     block = np.frombuffer(buffer, np.uint8, rows * cols * 3).reshape(rows, cols, 3)
     return block, (top // scale - dy, left // scale - dx)
 

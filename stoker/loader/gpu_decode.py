@@ -27,12 +27,14 @@ log = logging.getLogger(__name__)
 
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _GPU_SOF = {0xC0, 0xC1}  # baseline and extended sequential, Huffman coded
+_UNREAD = torch.empty(0, dtype=torch.uint8)  # a sample's bytes until fill() has read them
 
 
-def gpu_decodable(data: bytes | memoryview) -> bool:
+def gpu_decodable(data: bytes | memoryview | np.ndarray) -> bool:
     """Whether the GPU decoder takes ``data``: a baseline or extended sequential JPEG with 1 or 3
     components (found from its start-of-frame marker; nothing is decoded)."""
-    data = memoryview(data).cast("B")  # no copy: only the header segments are walked, however long
+    # No copy: only the header segments are walked, however long.
+    data = memoryview(data).cast("B")  # type: ignore[arg-type]  # numpy's stubs: ndarray a buffer only on Python 3.12+
     if bytes(data[:2]) != b"\xff\xd8":
         return False
     at = 2
@@ -67,6 +69,7 @@ class GpuBatchMaker(BatchMaker):
     """A :class:`BatchMaker` whose threads read bytes and whose ``finish`` decodes and crops the
     batch on ``device``. Not picklable into worker processes: the GPU work is the consumer's."""
 
+    crop: CropSpec  # the Loader refuses decode="gpu" without a crop
     device: torch.device = field(default=torch.device("cuda"))
 
     def __post_init__(self) -> None:
@@ -79,18 +82,20 @@ class GpuBatchMaker(BatchMaker):
               pixels: torch.Tensor | None = None) -> Batch:
         """Batch ``number``: its crops drawn as the CPU path draws them; no pixels on the host."""
         return Batch(epoch, number, indices, torch.empty(0, dtype=torch.uint8), torch.empty(len(indices), dtype=torch.int64),
-                     self.draws(epoch, number, len(indices)), None, encoded=[None] * len(indices))
+                     self.draws(epoch, number, len(indices)), None, encoded=[_UNREAD] * len(indices))
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
         """Read the bytes of the samples at ``positions`` (any thread)."""
-        targets = batch.labels.numpy()
+        targets, encoded = batch.labels.numpy(), batch.encoded
+        assert encoded is not None, "a batch of start() above"
         for j in positions:
             data, targets[j] = self.dataset.read_image(int(batch.indices[j]))
-            batch.encoded[j] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            encoded[j] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode the batch on the GPU and crop every image into (B, H, W, 3) uint8 there."""
         indices = [int(i) for i in batch.indices]
+        assert batch.encoded is not None, "a batch of start() above"
         images = decode_on_gpu(batch.encoded, self.device, lambda j, e: self.dataset.decode_error(indices[j], e),
                                lambda j: self.dataset.key(indices[j]))
         out = torch.empty((len(images), *self.crop.size, 3), dtype=torch.uint8, device=self.device)
@@ -125,7 +130,7 @@ def decode_on_gpu(encoded: list[torch.Tensor], device: torch.device, error: Call
         except Exception as e:  # decoders raise many types for bad data
             raise error(j, e) from None
         images[j] = pixels.to(device, non_blocking=True)
-    return images  # type: ignore[return-value]
+    return images  # type: ignore[return-value]  # no None left: the loop above filled every one
 
 
 def crop_into_batch(images: list[torch.Tensor], spec: CropSpec, draws: BatchDraws, out: torch.Tensor) -> None:

@@ -141,8 +141,8 @@ class Loader:
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
-        clips = self._maker_type is not BatchMaker
-        self.layout = layout or ("NCHW" if not clips or dataset.layout == "TCHW" else "NHWC")
+        # clips: the data set's layout (images: NCHW)
+        self.layout = layout or ("NCHW" if isinstance(dataset, ShardDataset) or dataset.layout == "TCHW" else "NHWC")
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
@@ -243,16 +243,24 @@ class Loader:
     def _batch_maker(self) -> BatchMaker:
         steps = self._transform_plan
         per_sample = PerSample(steps.per_sample, steps.given) if steps.per_sample else None
-        args = (self.dataset, self.crop, per_sample, self.seed, self.rank, self.world_size, self.on_error)
+        args = (per_sample, self.seed, self.rank, self.world_size, self.on_error)
+        dataset = self.dataset
         if self.decode == "gpu":
             from stoker.loader.gpu_decode import GpuBatchMaker
 
-            return GpuBatchMaker(*args, device=self.device)
+            # _gpu_for_decoding has refused video clips and a missing crop, and set the device
+            assert isinstance(dataset, ShardDataset) and self.crop is not None and self.device is not None
+            return GpuBatchMaker(dataset, self.crop, *args, device=self.device)
+        augment = None
         if self._in_threads_augment:
             dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
             augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
-            return self._maker_type(*args, augment=augment)
-        return self._maker_type(*args)
+        if isinstance(dataset, ShardDataset):
+            return BatchMaker(dataset, self.crop, *args, augment=augment)
+        from stoker.loader.clips import ClipBatchMaker
+
+        assert self.crop is not None  # _plan_transform gives clips a crop (CropSpec() by default)
+        return ClipBatchMaker(dataset, self.crop, *args, augment=augment)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
                     ahead: Lookahead) -> Generator[_Made, None, None]:
