@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 
-import stoker_loader
-
 EXTENSION = "stoker.loader._jpeg_region"
 
 
@@ -21,6 +19,8 @@ class RefuseRegionDecode:
 
 if __name__ == "__main__":
     sys.meta_path.insert(0, RefuseRegionDecode())
+    import stoker_loader  # after the hook: it imports the Loader's modules at once
+
     stoker_loader.main()
     decode_crop = sys.modules.get("stoker.loader.decode_crop")  # imported by a run, not by prepare
     if decode_crop is not None and decode_crop.decode_region is not None:
