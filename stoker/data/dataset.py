@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 import numpy as np
 import torch.utils.data
@@ -106,11 +106,6 @@ class ShardDataset(torch.utils.data.Dataset):
                 self.skipped += 1
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")
-
-    @overload
-    def read_image(self, index: int, into: None = None) -> tuple[bytes, int]: ...
-    @overload
-    def read_image(self, index: int, into: bytearray | None) -> tuple[bytes | memoryview, int]: ...
 
     def read_image(self, index: int, into: bytearray | None = None) -> tuple[bytes | memoryview, int]:
         """The stored (undecoded) image bytes of sample ``index`` and its label; no transform.
