@@ -179,10 +179,11 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
     inf = float("inf")
     best = max((row for row in loaders if row.name.startswith("DataLoader")), key=lambda row: row.images_per_s)
     transform_rate = combined_rate([s.per_core for s in stages]) if stages else inf
-    common: dict[str, Any] = dict(source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
-                  step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
-                  loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
-                  user_transform=user_transform)
+    common: dict[str, Any] = dict(
+        source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
+        step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
+        loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
+        user_transform=user_transform)
     if storage is None or decode is None or pack is None:
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
                        jpeg_share=0.0, megapixels=0.0, dataset_bytes=0.0)
