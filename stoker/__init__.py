@@ -46,7 +46,8 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from stoker.data.dataset import ShardDataset
     from stoker.data.sampler import QuasiRandomSampler
-    from stoker.doctor import DoctorReport, doctor, watch
+    from stoker.doctor import DoctorReport, doctor
+    from stoker.doctor.watch import watch  # its module: from stoker.doctor, mypy takes the name for the submodule
     from stoker.echo import EchoStats, echo
     from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
     from stoker.loader import CropSpec, Loader, loader_for

@@ -47,7 +47,8 @@ class Range:
             return False
         if not math.isfinite(value):
             return False
-        return (value > self.low if self.above else value >= self.low) and value <= self.high
+        too_low = value <= self.low if self.above else value < self.low  # numbers.Real defines only < and <=
+        return not too_low and value <= self.high
 
     def check(self, value: Any) -> Any:
         """``value`` when it is in range; OptionError naming the argument, the option and the range."""

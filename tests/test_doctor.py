@@ -139,6 +139,15 @@ def test_a_user_dataset_is_timed_per_item():
     json.loads(starved.to_json(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
 
 
+def test_an_iterable_dataset_is_refused_saying_why():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from range(10)
+
+    with pytest.raises(stoker.StokerError, match="map-style Dataset"):
+        doctor(Stream(), quick=True, workers=0)
+
+
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
 def test_eviction_that_does_not_work_is_reported(photos):
     data = Path(shutil.copytree(photos, Path("/dev/shm") / f"stoker-test-{os.getpid()}"))

@@ -13,11 +13,11 @@ DecodeMode = Literal["pil", "rgb", "tensor", "raw"]
 DECODE_MODES: tuple[str, ...] = ("pil", "rgb", "tensor", "raw")
 
 
-def decode_image(data: bytes, mode: DecodeMode) -> Image.Image | np.ndarray | torch.Tensor | bytes:
+def decode_image(data: bytes | memoryview, mode: DecodeMode) -> Image.Image | np.ndarray | torch.Tensor | bytes:
     """``pil``: RGB PIL image (as ImageFolder's loader gives); ``rgb``: HWC uint8 array;
     ``tensor``: CHW uint8 tensor; ``raw``: the stored bytes, undecoded (to time pure I/O)."""
     if mode == "raw":
-        return data
+        return bytes(data)  # ``data`` itself when it is bytes; a view (of a reused buffer) copied
     with Image.open(io.BytesIO(data)) as image:
         rgb = image.convert("RGB")
     if mode == "pil":

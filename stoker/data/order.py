@@ -52,7 +52,7 @@ def window_groups(runs: np.ndarray, window: int, ramp: bool) -> np.ndarray:
     """The group of each position, given the number of the block run it is in (0, 0, 1, 1, 1, 2, ...):
     ``window`` runs per group, the first groups 2, 4, 8, ... runs when ``ramp``."""
     window = max(1, window)
-    sizes = []
+    sizes: list[int] = []
     while ramp and 2 << len(sizes) < window:
         sizes.append(2 << len(sizes))
     ramp_runs = sum(sizes)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -48,6 +49,11 @@ class ShardReader:
         self._closing = False
         self._lock = threading.Lock()
         self._seen: OrderedDict[int, bool] = OrderedDict()
+
+    @overload
+    def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
+    @overload
+    def read_member(self, local: int, member: np.void, into: bytearray | None) -> bytes | memoryview: ...
 
     def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
         """The bytes of one member of sample ``local``, checked against the index checksum.
@@ -237,6 +243,11 @@ class CachedShardReader(ShardReader):
         self.cache = cache
         self.shard = shard
         self._retry_at = 0.0
+
+    @overload
+    def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
+    @overload
+    def read_member(self, local: int, member: np.void, into: bytearray | None) -> bytes | memoryview: ...
 
     def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
         """As :meth:`ShardReader.read_member`; a cached copy found damaged is dropped and the member

@@ -170,7 +170,8 @@ class ShardSet:
         with self._lock:
             readers = list(self._readers.values())
         for reader in readers:
-            reader.release_evicted()
+            if isinstance(reader, CachedShardReader):  # every reader, when there is a cache
+                reader.release_evicted()
 
     def _forget_parent_readers(self) -> None:
         """In a forked child: open our own files, and never wait on a lock another thread of the parent held."""
@@ -188,4 +189,4 @@ class ShardSet:
                 "cache_limit": self.cache.limit if self.cache else None, "cache_ahead": self.cache_ahead}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)

@@ -122,7 +122,10 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
     probe) and the positions of the blobs that decoded; one that does not is named in
     ``failures`` with the reason."""
     formats: dict[str, int] = {}
-    dims, images, failures, good = [], [], [], []
+    dims: list[tuple[int, int, int]] = []
+    images: list[Image.Image] = []
+    failures: list[tuple[str, str]] = []
+    good: list[int] = []
     timed = 0
     pillow_seconds = 0.0
     deadline = time.perf_counter() + seconds / 4

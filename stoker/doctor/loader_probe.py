@@ -14,7 +14,7 @@ import torch.utils.data
 from torch.utils.data import default_collate
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.decode import decode_image
+from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.target import Target
 
 
@@ -66,7 +66,8 @@ def worker_counts(most: int) -> list[int]:
     return counts + ([most] if most > 0 else [])
 
 
-def sampled_dataset(target: Target, transform: Callable | None, decode: str = "pil") -> torch.utils.data.Dataset:
+def sampled_dataset(target: Target, transform: Callable | None,
+                    decode: DecodeMode = "pil") -> SampledFiles | torch.utils.data.Subset:
     """The sampled items as a map-style Dataset, read as the user's DataLoader reads them."""
     if target.loose:
         return SampledFiles(target.paths, transform)
@@ -77,7 +78,7 @@ def sampled_dataset(target: Target, transform: Callable | None, decode: str = "p
 
 
 def probe_loaders(target: Target, transform: Callable | None, batch_size: int, workers: list[int], seconds: float,
-                  decode: str = "pil") -> list[LoaderRow]:
+                  decode: DecodeMode = "pil") -> list[LoaderRow]:
     """A DataLoader row per worker count; ``seconds`` is shared out among the rows. ``decode``
     is the mode a packed data set's items are decoded in before ``transform`` (a ShardDataset's
     own). stoker.Loader's rows come from the sample pack (stoker/doctor/pack_probe.py)."""
@@ -103,11 +104,10 @@ def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float
     first_at, first_count, images, batches = None, 0, 0, 0
     wanted = 4 * max(1, workers)
 
-    def enough(now: float) -> bool:
-        spent = now - first_at
+    def enough(spent: float) -> bool:
         return images >= limit or spent > 4 * seconds or (spent > seconds and batches >= wanted)
 
-    while first_at is None or not enough(time.perf_counter()):
+    while first_at is None or not enough(time.perf_counter() - first_at):
         passed = images
         for batch in loader:
             images += len(batch[1])
@@ -116,7 +116,7 @@ def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float
                 first_at, first_count = now, images
                 continue
             batches += 1
-            if enough(now):
+            if enough(now - first_at):
                 break
         if images == passed:
             raise RuntimeError(f"{name}: the loader yielded no batch")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ def loader_transform(transform: Callable | None) -> tuple[bool, Callable | None]
 
 
 def stoker_loader(root: str | os.PathLike, batch_size: int, size: int, transform: Callable | None = None,
-                  decode: str = "cpu") -> Loader:
+                  decode: Literal["cpu", "gpu"] = "cpu") -> Loader:
     """The Loader every remedy that uses it is timed with, in the doctor and in ``--prove``: a
     torchvision pipeline says its own crop, anything else runs after a ``size`` crop."""
     crop = None if is_torchvision(transform) else CropSpec(size=(size, size))
@@ -124,7 +124,7 @@ class PackProbe:
     rows: list[LoaderRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def timed(self, name: str, loader: Loader, seconds: float, before_pass: Callable[[], None] | None = None) -> float:
+    def timed(self, name: str, loader: Loader, seconds: float, before_pass: Callable[[], object] | None = None) -> float:
         """Time ``loader`` over the pack as one long epoch; keep its row for the report; its img/s."""
         # Four batches suffice: the Loader's threads deliver steadily, not in bursts as DataLoader workers do.
         rate = time_passes(loader, seconds, before_pass=before_pass, min_batches=4)

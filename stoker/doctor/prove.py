@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
+from stoker.data.decode import DecodeMode
 from stoker.data.sampler import QuasiRandomSampler
 from stoker.doctor.compute_probe import max_side_for, shrink_as_pack
 from stoker.doctor.loader_probe import collate_or_list, sampled_dataset
@@ -68,7 +69,7 @@ class Sample:
     blobs: Sequence[bytes]
     pack: PackProbe
     transform: Callable | None
-    decode: str
+    decode: DecodeMode
     size: int
     workers: int  # every core: the workers remedy
     best_workers: int  # the best DataLoader's: the pack + DataLoader remedy keeps them
@@ -82,10 +83,13 @@ def run_proof(remedies: Sequence[Remedy], sample: Sample, *, batch_size: int, st
     each; notes on those that could not run."""
     proofs, notes = [], []
     needed = batch_size / step_time if step_time else None
-    for remedy in [r for r in remedies if r.trial is not None and r.predicted_images_per_s is not None][:PROVED]:
+    runnable = [(r, r.trial, r.predicted_images_per_s) for r in remedies
+                if r.trial is not None and r.predicted_images_per_s is not None]
+    for remedy, kind, rate_predicted in runnable[:PROVED]:
+        predicted = float(rate_predicted)
         trial = None
         try:
-            trial = _trial(remedy.trial, sample, batch_size)
+            trial = _trial(kind, sample, batch_size)
             rate = time_passes(trial.loader, seconds, step_time=step_time, before_pass=trial.before_pass)
         except (OSError, ValueError, RuntimeError, ImportError) as e:
             notes.append(f"{remedy.name}: not run ({type(e).__name__}: {e})")
@@ -93,7 +97,6 @@ def run_proof(remedies: Sequence[Remedy], sample: Sample, *, batch_size: int, st
         finally:
             if trial is not None and trial.made is not None:
                 shutil.rmtree(trial.made, ignore_errors=True)
-        predicted = float(remedy.predicted_images_per_s)
         proofs.append(Proof(remedy.name, predicted, min(predicted, needed) if needed else predicted, rate.per_second,
                             rate.seconds, trial.setup))
     return proofs, notes
@@ -105,7 +108,7 @@ class _Trial:
     and a folder made for it outside the scratch folder (removed after)."""
 
     loader: Any
-    before_pass: Callable[[], None] | None
+    before_pass: Callable[[], object] | None
     setup: str
     made: Path | None = None
 
@@ -118,7 +121,7 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
     pack_state = "every pass cold" if cold else "warm"
     _, rest = loader_transform(s.transform)
     if kind in ("loader", "gpu"):
-        decode = "gpu" if kind == "gpu" else "cpu"
+        decode: Literal["cpu", "gpu"] = "gpu" if kind == "gpu" else "cpu"
         loader = stoker_loader(s.pack.folder, batch_size, s.size, rest, decode=decode)
         return _Trial(loader, pack_pass, f"stoker.Loader(decode={decode!r}) on the sample pack, {pack_state}")
     if kind == "max_side":
@@ -138,12 +141,12 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
         return _Trial(_dataloader(dataset, batch_size, s.best_workers, _Passes(lambda k: _epoch(quasi, k), pack_pass)),
                       None, f"DataLoader ({s.best_workers} workers) over ShardDataset of the sample pack, {pack_state}")
     if kind == "workers":
-        dataset = sampled_dataset(s.target, s.transform, s.decode)
+        items = sampled_dataset(s.target, s.transform, s.decode)
         files = s.target.files_read()
-        order = _Passes(lambda k: np.random.default_rng(k).permutation(len(dataset)).tolist(),
+        order = _Passes(lambda k: np.random.default_rng(k).permutation(len(items)).tolist(),
                         (lambda: evict(files)) if s.data_evicts else None)
         state = "every pass cold" if s.data_evicts else "warm"
-        return _Trial(_dataloader(dataset, batch_size, s.workers, order), None,
+        return _Trial(_dataloader(items, batch_size, s.workers, order), None,
                       f"DataLoader ({s.workers} workers) over the sampled items, {state}")
     raise ValueError(f"no trial for {kind!r}")
 
@@ -158,7 +161,7 @@ class _Passes(torch.utils.data.Sampler):
     """Pass after pass over a small sample as one endless epoch (a DataLoader started per pass
     of a few batches would keep most workers idle), ``before_pass`` run as each pass is drawn."""
 
-    def __init__(self, order: Callable[[int], Iterable[int]], before_pass: Callable[[], None] | None) -> None:
+    def __init__(self, order: Callable[[int], Iterable[int]], before_pass: Callable[[], object] | None) -> None:
         self.order, self.before_pass = order, before_pass
 
     def __iter__(self) -> Iterator[int]:

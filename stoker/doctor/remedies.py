@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -38,7 +39,7 @@ class Prediction:
     """``value`` = ``expression`` over ``inputs`` (symbol: (value, what was measured))."""
 
     expression: str
-    inputs: dict[str, tuple[float | None, str]]
+    inputs: Mapping[str, tuple[float | None, str]]
     value: float | None
 
     def to_dict(self) -> dict:
@@ -80,9 +81,9 @@ def remedies(f: Figures, delivered: float, cpu: float, needed: float | None) -> 
     found = [*_packing(f, names), *_staging(f, names), _gpu(f, names), _max_side(f, names), _workers(f, cpu)]
     out = [r for r in found if r is not None]
     cap = needed if needed is not None else math.inf
-    numbered = [r for r in out if r.predicted_images_per_s is not None and r.predicted_images_per_s > WORTH * delivered]
-    order = {id(r): k for k, r in enumerate(numbered)}
-    ranked = sorted(numbered, key=lambda r: (-min(r.predicted_images_per_s, cap), order[id(r)]))
+    rates = {id(r): rate for r in out if (rate := r.predicted_images_per_s) is not None and rate > WORTH * delivered}
+    numbered = [r for r in out if id(r) in rates]
+    ranked = sorted(numbered, key=lambda r: -min(rates[id(r)], cap))  # stable: ties stay in the order written
     return [*ranked, *(r for r in out if r.needs is not None), _echo(delivered, needed)]
 
 
@@ -106,6 +107,7 @@ class _Names:
 def _packed_loader(f: Figures) -> Prediction | None:
     """stoker.Loader on the data packed (or on the packed data), storage included."""
     what = "on the sample pack"
+    loader: tuple[str, float | None, str]
     if f.user_transform:
         if f.stoker_loader_transform is None:
             return None
@@ -243,8 +245,8 @@ def _echo(delivered: float, needed: float | None) -> Remedy:
 
 def _min(*terms: tuple[str, float | None, str]) -> Prediction:
     """``min`` of the measured terms (symbol, value, what); terms not measured (None) left out."""
-    known = [t for t in terms if t[1] is not None]
-    value = min(t[1] for t in known)  # type: ignore[type-var]
+    known = [(symbol, v, what) for symbol, v, what in terms if v is not None]
+    value = min(t[1] for t in known)
     expression = known[0][0] if len(known) == 1 else f"min({', '.join(t[0] for t in known)})"
     return Prediction(expression, {t[0]: (t[1], t[2]) for t in known}, value)
 

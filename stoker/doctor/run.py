@@ -20,7 +20,7 @@ import torch.utils.data
 from tqdm import tqdm
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.decode import decode_image
+from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
 from stoker.doctor.pack_probe import PackProbe, probe_pack
@@ -62,7 +62,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     """
     started = time.perf_counter()
     _check(batch_size=batch_size, workers=workers, size=size, step_time=step_time)
-    decode_mode = "pil"
+    decode_mode: DecodeMode = "pil"
     if isinstance(source, ShardDataset):
         decode_mode, transform = source.decode, transform if transform is not None else source.transform
     budget = _BUDGET[quick]
@@ -134,7 +134,7 @@ def _check(*, batch_size: int, workers: int | None, size: int, step_time: float 
             option.check(value)
 
 
-def _compute(target: Target, transform: Callable | None, size: int, decode_mode: str, count: int,
+def _compute(target: Target, transform: Callable | None, size: int, decode_mode: DecodeMode, count: int,
              seconds: float) -> tuple[DecodeReport | None, list[StageRate], list[int], list[bytes]]:
     """Decode rates and per-stage transform rates, the sampled positions that decode, and the
     stored bytes of the sample to pack; for a user's Dataset, ``__getitem__`` timed as its one stage."""
@@ -158,9 +158,10 @@ def _compute(target: Target, transform: Callable | None, size: int, decode_mode:
     if not decoded:
         raise StokerError(f"{target.description}: none of {len(readable)} sampled images decodes; first: "
                           + "; ".join(f"{name}: {reason}" for name, reason in decode.failures[:3]))
+    items: list[Any] = images
     if decode_mode != "pil":  # a ShardDataset's transform takes its own decode mode's output
-        images = [decode_image(blobs[j], decode_mode) for j in decoded[: len(images)]]
-    inputs = [images[k % len(images)] for k in range(len(decoded))]
+        items = [decode_image(blobs[j], decode_mode) for j in decoded[: len(images)]]
+    inputs = [items[k % len(items)] for k in range(len(decoded))]
     stages = probe_stages(transform_stages(transform), inputs, seconds * 3 / 8) if transform is not None else []
     # Every readable item but those Pillow refused goes into the sample pack (the Pillow pass may
     # have stopped at its deadline before the last of them: a busy machine would leave few).
@@ -178,10 +179,11 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
     inf = float("inf")
     best = max((row for row in loaders if row.name.startswith("DataLoader")), key=lambda row: row.images_per_s)
     transform_rate = combined_rate([s.per_core for s in stages]) if stages else inf
-    common = dict(source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
-                  step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
-                  loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
-                  user_transform=user_transform)
+    common: dict[str, Any] = dict(
+        source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
+        step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
+        loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
+        user_transform=user_transform)
     if storage is None or decode is None or pack is None:
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
                        jpeg_share=0.0, megapixels=0.0, dataset_bytes=0.0)

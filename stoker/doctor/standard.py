@@ -5,6 +5,9 @@ under ``spawn`` and the doctor can time it stage by stage through ``transforms``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 from PIL import Image
@@ -22,7 +25,7 @@ class RandomResizedCrop:
 
     def __call__(self, image: Image.Image) -> Image.Image:
         top, left, height, width = crop_box(self.spec, image.height, image.width, self.rng.random((CROP_TRIES, 4)))
-        return image.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + width, top + height))
+        return image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(left, top, left + width, top + height))
 
     def __repr__(self) -> str:
         return f"RandomResizedCrop({self.size})"
@@ -35,7 +38,7 @@ class RandomHorizontalFlip:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        return image.transpose(Image.FLIP_LEFT_RIGHT) if self.rng.random() < 0.5 else image
+        return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if self.rng.random() < 0.5 else image
 
     def __repr__(self) -> str:
         return "RandomHorizontalFlip()"
@@ -58,12 +61,13 @@ class StandardTransform:
     the stages as torchvision's Compose does."""
 
     def __init__(self, size: int = 224) -> None:
-        self.transforms = [RandomResizedCrop(size), RandomHorizontalFlip(), ToUint8Tensor()]
+        self.transforms: list[Callable[[Any], Any]] = [RandomResizedCrop(size), RandomHorizontalFlip(), ToUint8Tensor()]
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
+        out: Any = image  # a PIL image through the crop and flip, a tensor after the last stage
         for stage in self.transforms:
-            image = stage(image)
-        return image
+            out = stage(out)
+        return out
 
     def __repr__(self) -> str:
         return " + ".join(map(repr, self.transforms))

@@ -68,10 +68,11 @@ class ReadStats:
 
 @dataclass
 class StorageReport:
-    """Every storage measurement; a probe that could not run is ``None`` with its reason in ``notes``."""
+    """Every storage measurement; a probe that could not run is ``None`` with its reason in ``notes``
+    (the one-at-a-time passes, ``cold`` and ``warm``, always run)."""
 
-    cold: ReadStats | None
-    warm: ReadStats | None
+    cold: ReadStats
+    warm: ReadStats
     cold_parallel: ReadStats | None
     eviction_worked: bool
     still_cached_bytes: int
@@ -123,10 +124,10 @@ def timed_reads(names: Sequence[str], read: Callable[[int], bytes], items: Seque
             list(pool.map(one, range(len(items))))
     wall = time.perf_counter() - start
     done = ~np.isnan(latencies)
-    stalls = sorted(((names[items[k]], float(latencies[k])) for k in np.flatnonzero(done)
+    stalls = sorted(((names[items[k]], float(latencies[k])) for k in np.flatnonzero(done).tolist()
                      if latencies[k] > STALL_SECONDS * 1000), key=lambda s: -s[1])
     return ReadStats(int(done.sum()), int(sizes[done].sum()), wall, concurrency, latencies[done],
-                     [items[k] for k in np.flatnonzero(done)], stalls, failures)
+                     [items[k] for k in np.flatnonzero(done).tolist()], stalls, failures)
 
 
 def probe_storage(target: Target, *, workers: int, seconds: float, ssd: str | os.PathLike | None = None) -> StorageReport:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -102,6 +102,9 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
     if isinstance(source, ShardDataset):  # stoker's own: its files are known
         source = source.root
     if isinstance(source, torch.utils.data.Dataset):
+        if isinstance(source, torch.utils.data.IterableDataset) or not isinstance(source, Sized):
+            raise StokerError(f"{type(source).__name__}: the doctor samples a map-style Dataset (one with __len__ and "
+                              "__getitem__) by index; an IterableDataset or a Dataset without a length cannot be sampled")
         if len(source) == 0:
             raise StokerError(f"{type(source).__name__}: the data set is empty")
         return _dataset_target(source, sample, rng)
@@ -116,19 +119,21 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
         return target
     if path.is_dir():
         paths, total, estimated = _sample_folder(path, sample, rng, list_seconds)
-        return Target("folder", str(path), total, estimated, **_regular_files(paths))
+        kept, left_out = _regular_files(paths)
+        return Target("folder", str(path), total, estimated, paths=kept, left_out=left_out)
     if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
         listed = read_path_list(path)
         if not len(listed):
             raise StokerError(f"{path}: the path list is empty")
         chosen = rng.choice(len(listed), size=min(sample, len(listed)), replace=False)
-        return Target("list", str(path), len(listed), **_regular_files([listed.refs[i] for i in chosen]))
+        kept, left_out = _regular_files([listed.refs[i] for i in chosen])
+        return Target("list", str(path), len(listed), paths=kept, left_out=left_out)
     if path.is_file():
         raise StokerError(f"{path}: not a folder, a path list ({', '.join(LIST_SUFFIXES)}) or a packed data set")
     raise StokerError(f"{path}: no such folder, path list or packed data set")
 
 
-def _regular_files(paths: list[str]) -> dict[str, list[str]]:
+def _regular_files(paths: list[str]) -> tuple[list[str], list[str]]:
     """The sampled ``paths`` that are regular files, and the others named with what they are: a
     FIFO, socket or device (or a link to one) is left out after a stat, never opened, since every
     probe reads, evicts or copies what it samples, and reading a FIFO waits forever."""
@@ -142,7 +147,7 @@ def _regular_files(paths: list[str]) -> dict[str, list[str]]:
             kept.append(p)
         else:
             left_out.append(f"{p}: left out of the sample, not a regular file: {file_kind(p)}")
-    return {"paths": kept, "left_out": left_out}
+    return kept, left_out
 
 
 def _dataset_target(dataset: Any, sample: int, rng: np.random.Generator) -> Target:

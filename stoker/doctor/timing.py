@@ -64,7 +64,7 @@ def _size(images) -> int:
 
 
 def time_passes(loader: Iterable, seconds: float, *, step_time: float | None = None, min_batches: int = 8,
-                before_pass: Callable[[], None] | None = None) -> Rate:
+                before_pass: Callable[[], object] | None = None) -> Rate:
     """Images/s of ``loader`` read pass after pass as one long epoch, the training loop taking
     ``step_time`` per batch (a sleep: the GPU's step, leaving the cores to the loader), for about
     ``seconds`` and at least ``min_batches`` batches after the first (at most ``4 * seconds``).

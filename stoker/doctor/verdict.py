@@ -74,7 +74,7 @@ def diagnose(f: Figures) -> Verdict:
     if f.disk_shared:
         reasons.append("other processes read the same disk during the storage probe: storage is shared, and slower "
                        "than this disk gives one job")
-    if needed is not None:
+    if needed is not None and f.step_time:  # needed is None without a step time
         reasons.append(f"at {f.step_time * 1000:.0f} ms per step of {f.batch_size} the GPU consumes {needed:,.0f} img/s")
     used = _cores_used(f)
     if needed is not None and delivered >= needed:

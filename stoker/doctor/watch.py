@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
@@ -84,7 +84,9 @@ class Watched(Generic[T]):
 
     def __len__(self) -> int:
         """The wrapped loader's length (TypeError if it has none)."""
-        return len(self.loader)  # type: ignore[arg-type]
+        if not isinstance(self.loader, Sized):
+            raise TypeError(f"object of type {type(self.loader).__name__!r} has no len()")
+        return len(self.loader)
 
     def __iter__(self) -> Iterator[T]:
         return self._run()

@@ -126,4 +126,5 @@ def _take(leaf: Leaf, rows: np.ndarray) -> Leaf:
 def _concat(pieces: list[Leaf]) -> Leaf:
     if len(pieces) == 1:
         return pieces[0]
-    return torch.cat(pieces) if isinstance(pieces[0], torch.Tensor) else np.concatenate(pieces)
+    tensors = [piece for piece in pieces if isinstance(piece, torch.Tensor)]  # a leaf's pieces are all of one kind
+    return torch.cat(tensors) if tensors else np.concatenate(pieces)

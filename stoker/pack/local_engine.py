@@ -12,15 +12,17 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
+from multiprocessing.queues import Queue
 
 from stoker.pack.shard_job import ShardJob, ShardRecord, run_shard_job
 from stoker.sources.inputs import Inputs
 
 
-def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None]) -> Iterator[ShardRecord]:
+def run_local(todo: list[ShardJob], workers: int | None,
+              progress: Callable[[int], None]) -> Generator[ShardRecord, None, None]:
     """Run ``todo`` on ``workers`` processes (default: all cores); yield each record as its shard is done.
 
     ``progress(samples)`` is called from this thread only after every worker has been forked, so
@@ -46,11 +48,11 @@ def run_local(todo: list[ShardJob], workers: int | None, progress: Callable[[int
         _drain(progress_queue, progress)
 
 
-_queue = None
+_queue: Queue | None = None
 _inputs: Inputs | None = None
 
 
-def _init_worker(progress_queue, inputs: Inputs) -> None:
+def _init_worker(progress_queue: Queue, inputs: Inputs | None) -> None:
     global _queue, _inputs
     _queue, _inputs = progress_queue, inputs
     if "torch" in sys.modules:  # a Dataset source uses torch: one thread per worker, as DataLoader workers do;
@@ -66,10 +68,13 @@ def _watch_parent(parent: int) -> None:
 
 
 def _worker_job(job: ShardJob) -> ShardRecord:
-    return run_shard_job(replace(job, inputs=_inputs), lambda n, nbytes: _queue.put(n))
+    progress_queue = _queue
+    if progress_queue is None:
+        raise RuntimeError("a pack worker runs jobs only after _init_worker")
+    return run_shard_job(replace(job, inputs=_inputs), lambda n, nbytes: progress_queue.put(n))
 
 
-def _drain(progress_queue, progress: Callable[[int], None]) -> None:
+def _drain(progress_queue: Queue, progress: Callable[[int], None]) -> None:
     while True:
         try:
             n = progress_queue.get_nowait()

@@ -23,7 +23,7 @@ import pickle
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import replace
 from typing import IO, Any
@@ -38,7 +38,7 @@ _FRAME = struct.Struct("<Q")
 
 
 def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[int], None],
-               address: str | None = None) -> Iterator[ShardRecord]:
+               address: str | None = None) -> Generator[ShardRecord, None, None]:
     """Run ``todo`` as Ray tasks, at most ``workers`` at once (default: as many as the cluster
     schedules); yield each record as its shard is done. Progress counts whole shards: reporting
     from inside tasks needs an actor, whose process start cost a 2-core machine ~1 s of CPU per
@@ -62,7 +62,7 @@ def run_on_ray(todo: list[ShardJob], workers: int | None, progress: Callable[[in
             yield record
 
 
-def _run_in_session(ray: Any, todo: list[ShardJob], workers: int | None) -> Iterator[ShardRecord]:
+def _run_in_session(ray: Any, todo: list[ShardJob], workers: int | None) -> Generator[ShardRecord, None, None]:
     """The tasks on the Ray session of this process."""
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_ray_task)
     inputs = ray.put(todo[0].inputs)  # once into the object store, not pickled into every task (a Dataset)
@@ -102,7 +102,7 @@ def _result(ray: Any, ref: Any) -> ShardRecord:
                         "same command again to resume") from None
 
 
-def _run_in_driver_process(todo: list[ShardJob], workers: int | None, address: str | None) -> Iterator[ShardRecord]:
+def _run_in_driver_process(todo: list[ShardJob], workers: int | None, address: str | None) -> Generator[ShardRecord, None, None]:
     """The tasks run by a driver process of our own; its records come back through a pipe."""
     import cloudpickle  # the jobs may hold a Dataset of a class defined in the caller's script
 
@@ -116,6 +116,7 @@ def _run_in_driver_process(todo: list[ShardJob], workers: int | None, address: s
             try:
                 # This process's import path first (a Dataset's module beside the user's script), then the jobs.
                 paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+                assert driver.stdin is not None  # stdin=PIPE
                 driver.stdin.write(json.dumps(paths).encode() + b"\n" + cloudpickle.dumps((todo, workers, address)))
                 driver.stdin.close()
             except BrokenPipeError:  # the driver died before reading its input: its status is reported below

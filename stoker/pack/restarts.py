@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections import Counter
+from collections.abc import Callable
 
 from stoker.errors import PackError
 
+transcode: Callable[[bytes, float], bytes] | None
 try:  # built where libjpeg's headers were found (see setup.py)
     from stoker.pack._jpeg_restart import NotTranscodable, transcode
 except ImportError:

@@ -35,7 +35,8 @@ PROGRESS_EVERY = 32
 class ShardJob:
     """The samples planned for one shard, as (path, key, label) triples (for videos from a list
     with start/end columns: (path, key, label, start, end)), and where it goes. With ``video``
-    the inputs are videos, else images."""
+    the inputs are videos, else images. ``inputs`` is None while a job travels to a worker that
+    holds them already (the engines send them once per worker and put them back)."""
 
     name: str
     items: list[tuple]
@@ -46,7 +47,13 @@ class ShardJob:
     strict: bool
     video: VideoOptions | None = None
     upload: Upload | None = None
-    inputs: Inputs = field(default_factory=Files)
+    inputs: Inputs | None = field(default_factory=Files)
+
+    def given_inputs(self) -> Inputs:
+        """``inputs``; ValueError for a job whose inputs were not put back in the worker."""
+        if self.inputs is None:
+            raise ValueError(f"shard job {self.name}: its inputs were not put back before it ran")
+        return self.inputs
 
 
 @dataclass
@@ -110,10 +117,13 @@ def load_members(ref: Any, job: ShardJob, read: Read | None,
         from stoker.pack.videos import load_video  # PyAV only when packing videos
 
         return (*load_video(ref, job.video, span), None, "")
+    inputs = job.given_inputs()
+    if read is None:  # only videos are read by load_video instead
+        raise ValueError(f"{inputs.name(ref)}: an image input comes with its read")
     if isinstance(read, BadInput):
         raise read
     data, label = read
-    field_name, data, original_size, restarts = check_sample(job.inputs.name(ref), data, job.image, job.inputs.named)
+    field_name, data, original_size, restarts = check_sample(inputs.name(ref), data, job.image, inputs.named)
     return [(field_name, data)], original_size, None, label, restarts
 
 
@@ -125,6 +135,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     """
     if job.upload is not None:
         job = replace(job, dst=str(job.upload.scratch), work_dir=str(job.upload.scratch / WORK_DIR_NAME))
+    inputs = job.given_inputs()
     if job.image.restart_rows:
         keep_freed_memory()
     (Path(job.work_dir) / f"{job.name}.json").unlink(missing_ok=True)  # the shard is about to change
@@ -135,9 +146,9 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
-            reads = job.inputs.read([item[0] for item in job.items]) if job.video is None else repeat(None)
+            reads = inputs.read([item[0] for item in job.items]) if job.video is None else repeat(None)
             for (ref, key, label, *span), read in zip(job.items, reads):
-                name = job.inputs.name(ref)
+                name = inputs.name(ref)
                 try:
                     members, original_size, note, read_label, restarts = load_members(ref, job, read, tuple(span))
                 except BadInput as e:

@@ -56,7 +56,12 @@ def _frames(data: bytes, path: str, options: VideoOptions, span: tuple) -> tuple
     frame is encoded while it decodes; with ``fps`` the ones not kept are dropped afterwards:
     cheaper than decoding the video a second time)."""
     jpegs: dict[int, bytes] = {}
-    table = scan_video(data, path, each_frame=lambda frame: jpegs.__setitem__(frame.pts, _jpeg(frame.to_image(), options)))
+
+    def encode(frame: av.VideoFrame) -> None:
+        if frame.pts is not None:  # always: scan_video refuses a frame without one before handing it on
+            jpegs[frame.pts] = _jpeg(frame.to_image(), options)
+
+    table = scan_video(data, path, each_frame=encode)
     kept = _kept(table, options.fps)
     kept = kept[_in_span(table, span)[kept]]
     frames = [(frame_field(i), jpegs[int(p)]) for i, p in enumerate(table.pts[kept])]
@@ -89,6 +94,8 @@ def _short_gop(data: bytes, path: str, gop: int, crf: int) -> tuple[bytes, Frame
             target.mux(encoded.encode(picture))
 
         table = scan_video(data, path, each_frame=encode)
+        if encoded is None:  # never: scan_video refuses a video of no frames
+            raise VideoError(f"{path}: no frame decodes")
         try:
             target.mux(encoded.encode())
         except av.FFmpegError as e:
@@ -119,7 +126,7 @@ def _kept(table: FrameTable, fps: float | None) -> np.ndarray:
 def _jpeg(image: Image.Image, options: VideoOptions) -> bytes:
     if options.short_side is not None and min(image.size) != options.short_side:
         scale = options.short_side / min(image.size)
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BILINEAR)
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.Resampling.BILINEAR)
     out = io.BytesIO()
     image.save(out, "JPEG", quality=options.quality)
     return out.getvalue()

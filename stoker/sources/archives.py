@@ -109,8 +109,8 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
             table = parquet.read(columns=wanted).flatten() if wanted else None
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
             raise PackError(f"{file}: not a readable Parquet file ({e})") from None
-        paths = table.column(path_column).to_pylist() if path_column else [None] * parquet.metadata.num_rows
-        if label_column:
+        paths = table.column(path_column).to_pylist() if table is not None and path_column else [None] * parquet.metadata.num_rows
+        if table is not None and label_column:
             labels += ["" if v is None else str(v) for v in table.column(label_column).to_pylist()]
         prefix = file.relative_to(src if src.is_dir() else src.parent).with_suffix("").as_posix()
         row = 0
@@ -119,7 +119,7 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
                 refs.append((str(file), group, in_group))
                 names.append(f"{prefix}/{paths[row] or f'{row:09d}'}")
                 row += 1
-    if not refs:
+    if not refs or image is None:  # image is None only when there are no files
         raise PackError(f"{src}: the Parquet files hold no rows")
     keys = make_keys([f"{name}.x" for name in names])
     label_array, listed_classes = _labels(labels, refs, ParquetRows(image))
@@ -181,7 +181,7 @@ def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...] = 
                                  image.name if image else key))
                     names.append(f"{tar.stem}/{key}")
                     label = next((fields[f] for f in LABEL_FIELDS if f in fields), None)
-                    labels.append(archive.extractfile(label).read().decode("utf-8", "replace").strip() if label else "")
+                    labels.append(_read(tar, archive, label).decode("utf-8", "replace").strip() if label else "")
         except (tarfile.TarError, OSError) as e:
             raise PackError(f"{tar}: not a readable tar file ({e})") from None
     if not refs:
@@ -189,6 +189,14 @@ def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...] = 
     label_array, classes = _labels(labels, refs, TarMembers())
     return Source("webdataset", src, refs, make_keys([f"{name}.x" for name in names]), label_array, classes,
                   inputs=TarMembers())
+
+
+def _read(tar: Path, archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """The bytes of a regular file member (extractfile gives None only for other kinds)."""
+    file = archive.extractfile(member)
+    if file is None:
+        raise PackError(f"{tar}: member {member.name} is not a regular file")
+    return file.read()
 
 
 def _members(tar: Path, archive: tarfile.TarFile) -> list[tarfile.TarInfo]:

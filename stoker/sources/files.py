@@ -24,7 +24,9 @@ def list_image_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     classes = sorted(entry.name for entry in _entries(root) if _is_dir(entry))
     if not classes:
         raise PackError(f"{root}: no class folders found (expected ROOT/<class>/<image files>)")
-    paths, labels, skipped = [], [], Counter()
+    paths: list[str] = []
+    labels: list[int] = []
+    skipped: Counter[str] = Counter()
     seen = {_identity(os.stat(root))}
     repeated = 0
     for label, name in enumerate(classes):
@@ -105,7 +107,9 @@ def read_path_list(list_file: Path, videos: bool = False) -> Source:
     delimiter = "\t" if list_file.suffix.lower() == ".tsv" else ","
     expected = f"path{delimiter}label{delimiter}start{delimiter}end" if videos else f"path{delimiter}label"
     base = list_file.parent
-    rows, lines, spans = [], [], []
+    rows: list[tuple[str, str]] = []
+    lines: list[int] = []
+    spans: list[tuple[float, float]] = []
     reader = csv.reader(io.StringIO(_list_text(list_file, expected), newline=""), delimiter=delimiter)
     try:
         for line, row in enumerate(reader, 1):

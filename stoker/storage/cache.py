@@ -271,7 +271,7 @@ class ShardCache:
                 "limit": self.limit if self.explicit_limit else None, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
 
 def _inode(path: Path) -> int | None:

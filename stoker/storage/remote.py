@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -32,7 +32,7 @@ _LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 _BATCH = 64
 
 
-def is_url(path: str | os.PathLike) -> bool:
+def is_url(path: str | os.PathLike) -> TypeGuard[str]:
     """True for an fsspec URL other than a plain local path (``file://`` counts as a URL)."""
     return isinstance(path, str) and "://" in path
 
@@ -137,7 +137,7 @@ class RemoteData:
                 "backoff": self.backoff, "error": self.error}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
 
 def intact(path: Path, size: int, checksum: str, verify: bool = True) -> bool:

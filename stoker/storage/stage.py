@@ -12,6 +12,7 @@ access, bad credentials) stop at once with the URL and the cause.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
                     skipped += 1
                 else:
                     source.download(name, size, checksum, dst / f"{_PARTIAL}{os.getpid()}-{name}",
-                                    commit=lambda arrived, final=dst / name: os.replace(arrived, final))
+                                    commit=functools.partial(os.replace, dst=dst / name))
                     fetched += 1
                     fetched_bytes += size
                 bar.update(size)

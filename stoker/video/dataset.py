@@ -73,12 +73,12 @@ class VideoClipDataset(torch.utils.data.Dataset):
         picks = self.pick_frames(video, rng)
         wanted = np.unique(picks)
         if self.mode == "frames":
-            images: np.ndarray | None = None
-            for k, (i, data) in enumerate(zip(wanted, self.frame_jpegs(video, wanted), strict=True)):
+            jpegs = self.frame_jpegs(video, wanted)
+            with video.failure(f"frame {int(wanted[0])} does not decode"):  # every frame has the first one's size
+                height, width, _, _ = simplejpeg.decode_jpeg_header(jpegs[0])
+                images = np.empty((len(wanted), height, width, 3), np.uint8)
+            for k, (i, data) in enumerate(zip(wanted, jpegs, strict=True)):
                 with video.failure(f"frame {int(i)} does not decode"):
-                    if images is None:  # every frame of a video has the first one's size
-                        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-                        images = np.empty((len(wanted), height, width, 3), np.uint8)
                     # simplejpeg straight into the clip array: ~25% less CPU per frame than Pillow
                     # (see stoker/loader/decode_crop.py), and no copy to stack the frames
                     simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])

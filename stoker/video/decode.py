@@ -82,6 +82,8 @@ def _decode_packets(data: bytes, table: FrameTable, packets: PacketIndex, wanted
     not wanted that no other frame refers to (B-frames, mostly) are skipped, not decoded."""
     try:
         decoder = av.CodecContext.create(table.codec, "r")
+        if not isinstance(decoder, av.VideoCodecContext):  # a frames.json edited or damaged to name another codec
+            raise VideoError(f"{name}: {table.codec} is not a video codec")
         decoder.extradata = packets.extradata or None
         decoder.thread_count = 1  # see _decode_container: a clip is too short for a thread pool
         targets = {int(table.pts[i]) for i in wanted}

@@ -58,8 +58,8 @@ class PacketIndex:
     @classmethod
     def from_dict(cls, data: dict) -> PacketIndex:
         """The index :meth:`to_dict` wrote."""
-        arrays = [np.asarray(data[name], np.int64) for name in _PACKET_FIELDS]
-        return cls(*arrays, extradata=bytes.fromhex(data["extradata"]))
+        offset, size, pts, key = (np.asarray(data[name], np.int64) for name in _PACKET_FIELDS)
+        return cls(offset, size, pts, key, extradata=bytes.fromhex(data["extradata"]))
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class FrameTable:
 def open_video(source: str | os.PathLike | bytes, name: str) -> av.container.InputContainer:
     """Open a video file or its bytes with PyAV; VideoError names ``name`` and the reason."""
     try:
-        return av.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else os.fspath(source))
+        return av.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else os.fspath(source), "r")
     except (av.FFmpegError, OSError, ValueError) as e:
         raise VideoError(f"{name}: not a readable video ({_reason(e)})") from None
 
@@ -172,7 +172,9 @@ def scan_video(source: str | os.PathLike | bytes, name: str | None = None,
             raise VideoError(f"{name}: no video stream")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        pts, keys, packets = [], [], []
+        pts: list[int] = []
+        keys: list[bool] = []
+        packets: list[av.Packet] = []
         try:
             for packet in container.demux(stream):
                 if packet.size:
@@ -211,11 +213,13 @@ def _packet_index(data: bytes, packets: list[av.Packet], stream: av.video.stream
     correspond one to one by timestamp."""
     if stream.codec_context.name not in _PACKET_CODECS:
         return None
-    if any(p.pts is None or p.pos is None or p.pos < 0 for p in packets):
-        return None
     # A packet's position is where its container block starts: in MP4 the data itself, in
     # Matroska a few bytes of block header before it. The data is looked for just after it.
-    offsets = [data.find(bytes(p), p.pos, p.pos + p.size + _BLOCK_HEADER_BYTES) for p in packets]
+    offsets = []
+    for p in packets:
+        if p.pts is None or p.pos is None or p.pos < 0:
+            return None
+        offsets.append(data.find(bytes(p), p.pos, p.pos + p.size + _BLOCK_HEADER_BYTES))
     if min(offsets, default=0) < 0:
         return None
     index = PacketIndex(np.array(offsets, np.int64), np.array([p.size for p in packets], np.int64),

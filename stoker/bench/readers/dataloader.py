@@ -27,6 +27,7 @@ def main() -> None:
     if args.action == "prepare":
         return
     crop = _Crop(args.size)
+    dataset: FolderDataset | stoker.ShardDataset
     if source == "loose":
         dataset = FolderDataset(args.photos, decode="pil", transform=crop)
     else:

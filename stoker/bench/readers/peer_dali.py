@@ -13,7 +13,6 @@ Output: uint8 (B, size, size, 3) CPU tensors and int64 labels.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -16,7 +16,6 @@ uint8 (B, size, size, 3) tensors and int64 labels. The first epoch includes numb
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,6 @@ extension is loaded in the main thread first (a race in its lazy loading aborts 
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
