@@ -38,6 +38,7 @@ demo: $(TV_STAMP)
 
 test: $(STAMP) $(TV_STAMP) wheel
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	$(TV_BIN)/python -m pytest -q -m torchvision
 
