@@ -1,5 +1,6 @@
 """stoker.augment on CPU: each op against a plain per-sample reference, parameters per sample,
-seeds, clips, precisions, layouts and the device policy."""
+seeds, clips, precisions, layouts and the device policy; where CUDA is present, the GPU against
+the CPU. The CPU tests pin device="cpu": on a machine with a GPU the default device is CUDA."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def backend(request):
 
 
 def make(backend, *ops, **kwargs):
-    return A.Augment(*ops, backend=backend, **kwargs)
+    return A.Augment(*ops, backend=backend, **{"device": "cpu", **kwargs})
 
 
 def photos(n: int = 6, h: int = 40, w: int = 56, seed: int = 0) -> torch.Tensor:
@@ -211,8 +212,8 @@ def test_both_backends_give_the_same_batch():
     x = photos(8)
     ops = (A.RandomResizedCrop(24, scale=(0.3, 1.0)), A.HorizontalFlip(), A.Rotate(25), A.ColorJitter(0.4, 0.4, 0.4, 0.1),
            A.Grayscale(0.3), A.GaussianBlur(5, p=0.5), A.Normalize())
-    ours = A.Augment(*ops, seed=2, backend="opencv")(x)
-    batched = A.Augment(*ops, seed=2, backend="torch")(x)
+    ours = A.Augment(*ops, seed=2, backend="opencv", device="cpu")(x)
+    batched = A.Augment(*ops, seed=2, backend="torch", device="cpu")(x)
     # OpenCV rounds the warped uint8 image and weighs neighbours in 1/32 pixel steps; a hue shift
     # magnifies such differences on nearly gray pixels (units: normalized, ~4.4 per [0, 1])
     difference = (ours - batched).abs().flatten()
@@ -221,8 +222,8 @@ def test_both_backends_give_the_same_batch():
 
 def test_hue_shifts_both_ways_agree_across_backends():
     x = photos(16)
-    ours = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="opencv")(x)
-    batched = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="torch")(x)
+    ours = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="opencv", device="cpu")(x)
+    batched = A.Augment(A.ColorJitter(hue=0.5), seed=4, backend="torch", device="cpu")(x)
     assert ours.min() >= 0 and (ours - batched).abs().max() < 1e-3  # negative shifts too
 
 
@@ -261,8 +262,8 @@ def test_colour_jitter_applies_its_adjustments_in_an_order_drawn_per_sample(back
 def test_draw_once_then_apply_per_image_gives_the_batch_call():
     x = photos(6, 32, 48)
     ops = (A.Rotate(20), A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.GaussianBlur(5, p=0.5), A.Normalize())
-    whole = A.Augment(*ops, seed=5, backend="opencv")(x, step=9)
-    aug = A.Augment(*ops, seed=5, backend="opencv")
+    whole = A.Augment(*ops, seed=5, backend="opencv", device="cpu")(x, step=9)
+    aug = A.Augment(*ops, seed=5, backend="opencv", device="cpu")
     draws = aug.draw((np.full(6, 32), np.full(6, 48)), step=9)
     for i in reversed(range(6)):  # any order, any thread
         one = np.empty((32, 48, 3), np.float32)
@@ -283,3 +284,23 @@ def test_affine_nearest_fill_and_shear_follow_torchvision_conventions(backend):
     assert abs(float(sheared[0, 0, 30, 16]) - 21.5956) < 0.05 and abs(float(sheared[0, 0, 2, 16]) - 11.4044) < 0.05
     with pytest.raises(ValueError, match="one fill"):
         A.Augment(A.Rotate(10, fill=0.5), A.Affine(degrees=5, fill=0.2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_gpu_gives_the_cpu_batch(dtype, layout):
+    """The torch backend on CUDA draws the same parameters and computes the same batch as on the
+    CPU: float32 to rounding; float16 within its precision (sampling runs in float32 there too)."""
+    x = photos(16, 96, 128)
+    ops = (A.RandomResizedCrop(64), A.HorizontalFlip(), A.Rotate(30), A.ColorJitter(0.4, 0.4, 0.4, 0.1), A.Normalize())
+    cpu = A.Augment(*ops, seed=3, device="cpu", backend="torch")(x)
+    given = x.permute(0, 2, 3, 1).contiguous() if layout == "NHWC" else x
+    gpu = A.Augment(*ops, seed=3, device="cuda", dtype=dtype, backend="torch")(given.cuda())
+    assert gpu.device.type == "cuda" and gpu.dtype == dtype and gpu.shape == cpu.shape
+    assert gpu.is_contiguous(memory_format=torch.channels_last)
+    difference = (gpu.float().cpu() - cpu).abs().flatten()  # normalized units: ~4.4 per [0, 1]
+    if dtype == torch.float32:
+        assert difference.max() < 1e-3
+    else:  # float16 keeps 11 bits; on the CPU (float32 sampling): mean 0.0015, 99.9% 0.017, max 0.039
+        assert difference.mean() < 5e-3 and torch.quantile(difference, 0.999) < 0.04 and difference.max() < 0.15
