@@ -22,6 +22,7 @@ import stoker
 from stoker.doctor import doctor, write_html
 from stoker.doctor.compute_probe import probe_decode
 from stoker.doctor.contention import DiskWatch, block_device
+from stoker.doctor.pack_probe import probe_pack
 from stoker.doctor.report import SCHEMA_PATH, _decode_lines
 from stoker.doctor.standard import RandomHorizontalFlip, RandomResizedCrop, ToUint8Tensor
 from stoker.doctor.target import open_target
@@ -218,10 +219,10 @@ def test_verdict_rules_on_given_figures():
     ram = next(r for r in fits.remedies if "RAM" in r.name)
     assert "cache_dir=" in ram.how and ram.predicted_images_per_s == 3000.0
     decode = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=2800.0, megapixels=2.0, step_time=0.05,
-                              fused_per_core=300.0, fused_capped_per_core=900.0, capped_side=448, capped_bytes_share=0.25))
+                              stoker_loader_capped=9000.0, capped_side=448, capped_bytes_share=0.25))
     assert decode.bottleneck == "decode"
     capped = next(r for r in decode.remedies if r.name.startswith("cap the resolution"))
-    assert "--max-side 448" in capped.how and capped.predicted_images_per_s == 9000.0  # L x F1 / F0
+    assert "--max-side 448" in capped.how and capped.predicted_images_per_s == 9000.0  # L1: the Loader measured there
     overhead = diagnose(figures(storage_rate=1e5, loader_rate=500.0, step_time=0.05))  # 17% of 2,880
     assert overhead.bottleneck == "loader overhead"
     none = diagnose(figures(storage_rate=1e5, step_time=1.0))
@@ -241,10 +242,10 @@ def test_verdict_rules_on_given_figures():
 def test_every_prediction_is_its_formula_over_measured_inputs():
     cases = [figures(), figures(dataset_bytes=10e9, ssd_path="/nvme", ssd_copy_rate=900.0),
              figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=700.0, loader_workers=2, step_time=0.05,
-                     megapixels=2.0, fused_per_core=300.0, fused_capped_per_core=900.0, capped_side=448,
+                     megapixels=2.0, stoker_loader_capped=2500.0, capped_side=448,
                      capped_bytes_share=0.25, stoker_loader_gpu=5000.0, stoker_loader_cold=2600.0),
-             figures(user_transform=True, stoker_loader_transform=1200.0, megapixels=2.0, fused_per_core=300.0,
-                     fused_capped_per_core=900.0, capped_side=448, capped_bytes_share=0.25, step_time=None)]
+             figures(user_transform=True, stoker_loader_transform=1200.0, megapixels=2.0, stoker_loader_capped=1500.0,
+                     capped_side=448, capped_bytes_share=0.25, step_time=None)]
     for case in cases:
         for remedy in diagnose(case).remedies:
             if remedy.predicted_images_per_s is None:
@@ -360,17 +361,34 @@ def test_decode_counts_and_shares_add_up(photos, odd_images):
     assert [name for name, _ in report.failures] == [names[-1]]
 
 
-def test_the_fused_decode_row_measures_what_the_loader_does(photos):
-    """Large photos: the Loader decodes each crop at a reduced DCT scale, so it beats a full decode
-    (the old probe asked for odd scales of the whole image and read slower than full)."""
+def large_photos(photos: Path, count: int = 12) -> list[bytes]:
+    """``count`` of the sample photos enlarged to 2000x1500 (JPEG q90), as bytes."""
     blobs = []
-    for path in sorted(photos.rglob("*.jpg"))[:12]:
+    for path in sorted(photos.rglob("*.jpg"))[:count]:
         out = io.BytesIO()
         Image.open(path).convert("RGB").resize((2000, 1500)).save(out, "JPEG", quality=90)
         blobs.append(out.getvalue())
+    return blobs
+
+
+def test_the_fused_decode_row_measures_what_the_loader_does(photos):
+    """Large photos: the Loader decodes each crop at a reduced DCT scale, so it beats a full decode
+    (the old probe asked for odd scales of the whole image and read slower than full)."""
+    blobs = large_photos(photos)
     report, _, _ = probe_decode(blobs, [str(k) for k in range(len(blobs))], 224, 6.0)
     assert report.fused_per_core > report.jpeg_full_per_core
     assert report.capped_side == 448 and report.fused_capped_per_core and report.capped_bytes_share < 0.5
+
+
+def test_the_max_side_figure_is_the_loader_timed_on_the_shrunk_sample(photos, tmp_path):
+    """--max-side is predicted from stoker.Loader run on the sample shrunk as pack shrinks it, not
+    from the decode speed-up alone (which left out the Loader's per-image work)."""
+    probe = probe_pack(large_photos(photos), str(tmp_path / "pack"), str(tmp_path), size=224, batch_size=16, seconds=4.0,
+                       transform=None, max_images=96, max_bytes=1 << 30, capped_side=448)
+    assert probe.loader and probe.loader_capped and probe.loader_capped > 1.5 * probe.loader
+    shrunk = stoker.ShardDataset(probe.capped_folder, decode="pil")
+    assert len(shrunk) == probe.images and max(shrunk[0][0].size) == 448
+    assert any("shrunk to 448 px" in row.name for row in probe.rows)
 
 
 @pytest.mark.skipif(block_device(tempfile.gettempdir()) is None, reason="the temporary folder has no block device")

@@ -13,7 +13,9 @@ class Figures:
     img/s of the whole machine unless named per core; ``None``: not measured here.
     ``sequential_rate``: the data's disk read front to back (the shards; for loose files, the
     sample pack where it shares their disk). ``stoker_loader*``: stoker.Loader on the sample
-    pack (warm, cold, with the transform's stages after the crop, decoding on the GPU)."""
+    pack (warm, cold, with the transform's stages after the crop, decoding on the GPU);
+    ``stoker_loader_capped``: the same (with the transform, if any) on the sample shrunk to
+    ``capped_side`` px as ``stoker pack --max-side`` shrinks it."""
 
     source: str
     loose: bool
@@ -38,8 +40,7 @@ class Figures:
     stoker_loader_cold: float | None = None
     stoker_loader_transform: float | None = None
     stoker_loader_gpu: float | None = None
-    fused_per_core: float | None = None
-    fused_capped_per_core: float | None = None
+    stoker_loader_capped: float | None = None
     capped_side: int | None = None
     capped_bytes_share: float | None = None
     disk_shared: bool = False

@@ -15,7 +15,6 @@ import itertools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,10 +25,10 @@ import torch.utils.data
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode
 from stoker.data.sampler import QuasiRandomSampler
-from stoker.doctor.compute_probe import max_side_for, shrink_as_pack
+from stoker.doctor.compute_probe import max_side_for
 from stoker.doctor.loader_probe import collate_or_list, sampled_dataset
 from stoker.doctor.numbers import rounded
-from stoker.doctor.pack_probe import PackProbe, loader_transform, pack_sample, stoker_loader
+from stoker.doctor.pack_probe import PackProbe, loader_transform, pack_shrunk, stoker_loader
 from stoker.doctor.remedies import Remedy
 from stoker.doctor.target import Target
 from stoker.doctor.timing import time_passes
@@ -125,7 +124,8 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
         loader = stoker_loader(s.pack.folder, batch_size, s.size, rest, decode=decode)
         return _Trial(loader, pack_pass, f"stoker.Loader(decode={decode!r}) on the sample pack, {pack_state}")
     if kind == "max_side":
-        folder = _repacked(s, Path(s.scratch) / "max-side")
+        folder = Path(s.pack.capped_folder) if s.pack.capped_folder else pack_shrunk(
+            s.blobs, Path(s.scratch) / "max-side", max_side_for(s.size), s.pack.images, s.workers)
         files = [str(p) for p in folder.iterdir() if p.is_file()]
         loader = stoker_loader(folder, batch_size, s.size, rest)
         return _Trial(loader, (lambda: evict(files)) if cold else None,
@@ -174,13 +174,3 @@ class _Passes(torch.utils.data.Sampler):
 def _epoch(sampler: QuasiRandomSampler, epoch: int) -> list[int]:
     sampler.set_epoch(epoch)
     return list(sampler)
-
-
-def _repacked(s: Sample, folder: Path) -> Path:
-    """The sample shrunk as ``stoker pack --max-side`` shrinks it, packed as many times over as
-    the sample pack."""
-    side = max_side_for(s.size)
-    with ThreadPoolExecutor(max(1, s.workers)) as pool:  # Pillow releases the GIL while it resizes and encodes
-        shrunk = [b for b in pool.map(lambda blob: shrink_as_pack(blob, side), s.blobs) if b is not None]
-    pack_sample(shrunk, folder, s.pack.images, 1 << 62)
-    return folder

@@ -17,7 +17,7 @@ from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: sample_pack.loader_capped
 
 
 @dataclass

@@ -99,7 +99,8 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
             files = target.files_read()
             pack = probe_pack(blobs, os.path.join(scratch, "pack"), files[0] if files else target.description,
                               size=size, batch_size=probe_batch, seconds=budget["pack"], transform=transform,
-                              max_images=int(budget["pack_images"]), max_bytes=int(budget["pack_bytes"]))
+                              max_images=int(budget["pack_images"]), max_bytes=int(budget["pack_bytes"]),
+                              capped_side=decode.capped_side if decode else None)
             loaders += pack.rows
         steps.update()
         figures = _figures(target, storage, decode, stages, loaders, pack, cores, batch_size, size, step_time, ssd,
@@ -197,7 +198,7 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
                    megapixels=decode.megapixels["p50"], dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
                    stoker_loader=pack.loader, stoker_loader_cold=pack.loader_cold,
                    stoker_loader_transform=pack.loader_transform, stoker_loader_gpu=pack.loader_gpu,
-                   fused_per_core=decode.fused_per_core, fused_capped_per_core=decode.fused_capped_per_core,
+                   stoker_loader_capped=pack.loader_capped,
                    capped_side=decode.capped_side,
                    capped_bytes_share=decode.capped_bytes_share,
                    disk_shared=bool(storage.contention and storage.contention.shared), ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
