@@ -219,10 +219,10 @@ def test_a_resume_reads_only_the_rest_of_the_epoch(packed, tmp_path):
     resident = [resident_pages(f) for f in files]
     read_again = [resident[shard][a:b].mean() for shard, ranges in block_pages(dataset, bounds, before_only).items()
                   for a, b in ranges if b > a]
-    # A block read again by the Loader is read whole (the bug read every one of them). The kernel's
-    # own read-ahead may spill a little past a needed block into a neighbour: not a block read.
-    whole = np.mean(np.array(read_again) > 0.5)
-    assert whole < 0.1, f"{whole:.0%} of the blocks used only before the resume were read again"
+    # The bug read every one of these blocks again (all their pages). The kernel's own read-ahead
+    # (read_ahead_kb: 8 MB on this machine's disk, 64 of these 128 KB blocks) may still spill from
+    # a needed block into neighbours, more on a busy machine: seen up to ~20% of these pages.
+    assert np.mean(read_again) < 0.5, f"{np.mean(read_again):.0%} of the pages of blocks used before the resume were read"
     needed = [resident[shard][a:b].mean() for shard, ranges in block_pages(dataset, bounds, set(block_of[done:].tolist())).items()
               for a, b in ranges if b > a]
     assert np.mean(needed) > 0.9
