@@ -11,8 +11,6 @@ from PIL import Image
 
 import stoker
 from stoker.sample_data import make_sample_photos
-from tests.s3server import S3Server
-from tests.videos import VIDEO_FRAMES, make_video
 
 PHOTOS = 96
 CLASSES = 4
@@ -70,6 +68,8 @@ def odd_images(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A moto S3 server of this test module's own."""
+    from tests.s3server import S3Server  # boto3 and s3fs: the test extra; imported where used
+
     server = S3Server(tmp_path_factory.mktemp("moto") / "requests.log")
     yield server
     server.stop()
@@ -88,6 +88,8 @@ def remote(s3, packed) -> str:
 @pytest.fixture(scope="session")
 def video_folder(tmp_path_factory) -> Path:
     """Numbered-frame videos in two class folders (see tests/videos.py), a truncated and a garbage one."""
+    from tests.videos import VIDEO_FRAMES, make_video  # PyAV: the video extra; imported where used
+
     root = tmp_path_factory.mktemp("video_src") / "videos"
     options = {"b/vfr.mkv": {"vfr_ms": [20, 20, 70]}, "b/mpeg4.avi": {"codec": "mpeg4", "options": {"bf": "2", "g": "12"}},
                "a/cfr_bframes.mp4": {"options": {"bf": "3"}},
