@@ -20,7 +20,7 @@ from PIL import Image, ImageFilter
 
 import stoker
 from stoker.doctor import doctor, write_html
-from stoker.doctor.compute_probe import probe_decode
+from stoker.doctor.compute_probe import probe_decode, shrink_as_pack
 from stoker.doctor.contention import DiskWatch, block_device
 from stoker.doctor.pack_probe import probe_pack
 from stoker.doctor.report import SCHEMA_PATH, _decode_lines
@@ -383,8 +383,10 @@ def test_the_fused_decode_row_measures_what_the_loader_does(photos):
 def test_the_max_side_figure_is_the_loader_timed_on_the_shrunk_sample(photos, tmp_path):
     """--max-side is predicted from stoker.Loader run on the sample shrunk as pack shrinks it, not
     from the decode speed-up alone (which left out the Loader's per-image work)."""
-    probe = probe_pack(large_photos(photos), str(tmp_path / "pack"), str(tmp_path), size=224, batch_size=16, seconds=4.0,
-                       transform=None, max_images=96, max_bytes=1 << 30, capped_side=448)
+    blobs = large_photos(photos)
+    probe = probe_pack(blobs, str(tmp_path / "pack"), str(tmp_path), size=224, batch_size=16, seconds=4.0,
+                       transform=None, max_images=96, max_bytes=1 << 30, capped_side=448,
+                       capped_blobs=[shrink_as_pack(blob, 448) for blob in blobs])
     assert probe.loader and probe.loader_capped and probe.loader_capped > 1.5 * probe.loader
     shrunk = stoker.ShardDataset(probe.capped_folder, decode="pil")
     assert len(shrunk) == probe.images and max(shrunk[0][0].size) == 448

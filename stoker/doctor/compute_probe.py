@@ -70,6 +70,7 @@ class DecodeReport:
     fused_capped_per_core: float | None = None
     capped_bytes_share: float | None = None
     failures: list[tuple[str, str]] = field(default_factory=list)
+    capped_blobs: list[bytes] = field(default_factory=list, repr=False)  # the shrunk images (not reported)
 
     @property
     def jpeg_share(self) -> float:
@@ -156,6 +157,7 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
     megapixels = array[:, 0] * array[:, 1] / 1e6
     side = max_side_for(size)
     capped = capped_share = None
+    shrunk: list[bytes] = []
     if len(megapixels) and np.median(megapixels) > CAP_WORTH * side * side * 3 / 4 / 1e6:
         originals, shrunk = _shrunk(decoded[:KEPT_IMAGES], side, seconds / 8)
         capped = _fused_rate(shrunk, size, seconds / 8)
@@ -163,7 +165,7 @@ def probe_decode(blobs: Sequence[bytes], names: Sequence[str], size: int,
     pillow = timed / pillow_seconds if pillow_seconds else (float("inf") if good else 0.0)
     report = DecodeReport(len(good), formats, _spread(array[:, 0]), _spread(array[:, 1]), _spread(megapixels),
                           _spread(array[:, 2] / 1e3), pillow, full, fused, size,
-                          side if capped is not None else None, capped, capped_share, failures)
+                          side if capped is not None else None, capped, capped_share, failures, shrunk)
     return report, images, good
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +25,7 @@ import torch.utils.data
 from PIL import Image
 
 from stoker.data.dataset import ShardDataset
-from stoker.doctor.compute_probe import shrink_as_pack, transform_stages
+from stoker.doctor.compute_probe import transform_stages
 from stoker.doctor.contention import block_device
 from stoker.doctor.loader_probe import LoaderRow
 from stoker.doctor.numbers import rounded
@@ -105,11 +104,6 @@ def stoker_loader(root: str | os.PathLike, batch_size: int, size: int, transform
     return Loader(ShardDataset(root), batch_size, crop=crop, transform=transform, decode=decode)
 
 
-# Images shrunk for the --max-side figure (each a Pillow decode, resize and encode: ~30 ms for a
-# 2000x1500 photo here), repeated in the pack as the sample is.
-_CAPPED_IMAGES = 64
-
-
 @dataclass
 class PackProbe:
     """What the sample pack gave: its size, its cold sequential read, and stoker.Loader on it."""
@@ -167,23 +161,16 @@ def pack_sample(blobs: Sequence[bytes], folder: str | os.PathLike, max_images: i
     return repeats
 
 
-def pack_shrunk(blobs: Sequence[bytes], folder: str | os.PathLike, side: int, max_images: int, workers: int) -> Path:
-    """``blobs`` shrunk to ``side`` px as ``stoker pack --max-side`` shrinks them, packed into
-    ``folder`` as :func:`pack_sample` packs (up to ``max_images`` images)."""
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # Pillow releases the GIL while it resizes and encodes
-        shrunk = [b for b in pool.map(lambda blob: shrink_as_pack(blob, side), blobs) if b is not None]
-    pack_sample(shrunk, folder, max_images, 1 << 62)
-    return Path(folder)
-
-
 def probe_pack(blobs: Sequence[bytes], folder: str, data_path: str, *, size: int, batch_size: int, seconds: float,
-               transform: Callable | None, max_images: int, max_bytes: int, capped_side: int | None = None) -> PackProbe:
+               transform: Callable | None, max_images: int, max_bytes: int, capped_side: int | None = None,
+               capped_blobs: Sequence[bytes] = ()) -> PackProbe:
     """Pack ``blobs`` into ``folder`` and time, in about ``seconds``: the pack read front to back
     cold, and stoker.Loader over it warm, cold (only where ``folder`` shares the disk of
     ``data_path`` and eviction works there), with ``transform``'s stages after the crop (when
     it has stages the crop does not do), decoding on the GPU (when torch sees one), and on the
-    sample shrunk to ``capped_side`` px (when ``--max-side`` is proposed: what the Loader's
-    per-image work costs besides decoding is measured there, not assumed)."""
+    sample shrunk to ``capped_side`` px, ``capped_blobs`` (what the decode probe shrank, when
+    ``--max-side`` is proposed: what the Loader's per-image work costs besides decoding is
+    measured there, not assumed)."""
     started = time.perf_counter()
     repeats = pack_sample(blobs, folder, max_images, max_bytes)
     dataset = ShardDataset(folder)
@@ -196,7 +183,8 @@ def probe_pack(blobs: Sequence[bytes], folder: str, data_path: str, *, size: int
     probe = PackProbe(folder, len(dataset), len(blobs), nbytes, same, evicted, batch_size,
                       Loader(dataset, batch_size).threads)
     gpu = torch.cuda.is_available()
-    runs = 2 + (same and evicted) + (rest is not None) + gpu + (capped_side is not None)
+    capped = fits and bool(capped_blobs)
+    runs = 2 + (same and evicted) + (rest is not None) + gpu + capped
     each = max(0.5, (seconds - (time.perf_counter() - started)) / runs)
     probe.sequential_mb_per_s = sequential_rate(files, each / 2)
     try:
@@ -215,11 +203,11 @@ def probe_pack(blobs: Sequence[bytes], folder: str, data_path: str, *, size: int
                                              stoker_loader(folder, batch_size, size, rest), each)
     elif not fits:
         probe.notes.append("stoker.Loader with this transform was not timed: it does not start with RandomResizedCrop")
-    if capped_side is not None and (fits or rest is not None):
-        capped = pack_shrunk(blobs[:_CAPPED_IMAGES], f"{folder}-capped", capped_side, probe.images, probe.threads)
-        probe.capped_folder = str(capped)
+    if capped:
+        probe.capped_folder = f"{folder}-capped"
+        pack_sample(capped_blobs, probe.capped_folder, probe.images, 1 << 62)
         probe.loader_capped = probe.timed(f"sample shrunk to {capped_side} px as --max-side does, warm",
-                                          stoker_loader(capped, batch_size, size, rest), each)
+                                          stoker_loader(probe.capped_folder, batch_size, size, rest), each)
     if gpu:
         try:
             probe.loader_gpu = probe.timed("sample pack, warm, decode='gpu'",

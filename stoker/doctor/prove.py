@@ -25,10 +25,9 @@ import torch.utils.data
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode
 from stoker.data.sampler import QuasiRandomSampler
-from stoker.doctor.compute_probe import max_side_for
 from stoker.doctor.loader_probe import collate_or_list, sampled_dataset
 from stoker.doctor.numbers import rounded
-from stoker.doctor.pack_probe import PackProbe, loader_transform, pack_shrunk, stoker_loader
+from stoker.doctor.pack_probe import PackProbe, loader_transform, stoker_loader
 from stoker.doctor.remedies import Remedy
 from stoker.doctor.target import Target
 from stoker.doctor.timing import time_passes
@@ -123,9 +122,8 @@ def _trial(kind: str, s: Sample, batch_size: int) -> _Trial:
         decode: Literal["cpu", "gpu"] = "gpu" if kind == "gpu" else "cpu"
         loader = stoker_loader(s.pack.folder, batch_size, s.size, rest, decode=decode)
         return _Trial(loader, pack_pass, f"stoker.Loader(decode={decode!r}) on the sample pack, {pack_state}")
-    if kind == "max_side":
-        folder = Path(s.pack.capped_folder) if s.pack.capped_folder else pack_shrunk(
-            s.blobs, Path(s.scratch) / "max-side", max_side_for(s.size), s.pack.images, s.workers)
+    if kind == "max_side" and s.pack.capped_folder is not None:  # its prediction came from that pack
+        folder = Path(s.pack.capped_folder)
         files = [str(p) for p in folder.iterdir() if p.is_file()]
         loader = stoker_loader(folder, batch_size, s.size, rest)
         return _Trial(loader, (lambda: evict(files)) if cold else None,

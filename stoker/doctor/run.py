@@ -100,7 +100,8 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
             pack = probe_pack(blobs, os.path.join(scratch, "pack"), files[0] if files else target.description,
                               size=size, batch_size=probe_batch, seconds=budget["pack"], transform=transform,
                               max_images=int(budget["pack_images"]), max_bytes=int(budget["pack_bytes"]),
-                              capped_side=decode.capped_side if decode else None)
+                              capped_side=decode.capped_side if decode else None,
+                              capped_blobs=decode.capped_blobs if decode else ())
             loaders += pack.rows
         steps.update()
         figures = _figures(target, storage, decode, stages, loaders, pack, cores, batch_size, size, step_time, ssd,
