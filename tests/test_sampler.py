@@ -49,6 +49,21 @@ def test_each_epoch_is_a_permutation_that_opens_window_blocks_at_a_time(window):
             open_blocks.remove(block)
 
 
+def test_an_epoch_opens_2_4_8_blocks_first_then_its_window():
+    """The ramp: the first groups of a share hold 2, 4, 8 blocks, so the first batch of an epoch
+    needs two blocks from a cold disk, not the whole window; without it, the window at once."""
+    bounds = np.arange(0, 64 * 10 + 1, 10)  # 64 blocks of 10 samples
+    block_of = np.repeat(np.arange(64), 10)
+    for ramp, sizes in ((True, [2, 4, 8, 16, 16, 16, 2]), (False, [16, 16, 16, 16])):
+        order = quasi_random_order(bounds, 16, seed=3, epoch=0, ramp=ramp)
+        groups, at = [], 0
+        for size in sizes:  # the blocks of each group fill its positions, and no others
+            blocks = block_of[order[at : at + 10 * size]]
+            groups.append(len(set(blocks.tolist())))
+            at += 10 * size
+        assert groups == sizes and at == len(order)
+
+
 def test_orders_depend_on_seed_and_epoch_only():
     bounds = block_sizes(30, np.random.default_rng(1))
     a = quasi_random_order(bounds, 4, seed=5, epoch=2)
