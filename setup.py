@@ -1,11 +1,12 @@
-"""Build the optional C extension; project metadata lives in pyproject.toml.
+"""Build the optional C extensions; project metadata lives in pyproject.toml.
 
 stoker.loader._jpeg_region (region-of-interest JPEG decode) and stoker.pack._jpeg_restart (lossless
 transcode for `stoker pack --restart-rows`) link libjpeg(-turbo). Where its headers are missing (no
 libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only warns and stoker
 installs without them; the Loader then decodes whole images with simplejpeg and warns once (`stoker
 env` lists it), and --restart-rows is refused. `make wheel` builds a wheel that carries libjpeg-turbo
-(auditwheel repair).
+(auditwheel repair). stoker.loader._resample (Pillow's resize, cut to a crop: the exact Resize +
+CenterCrop path) needs only a C compiler; without it that path calls Pillow.
 """
 
 from setuptools import Extension, setup
@@ -16,5 +17,7 @@ setup(
                   depends=["stoker/_jpeg_strict.h"], optional=True),
         Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
                   depends=["stoker/_jpeg_strict.h"], optional=True),
+        Extension("stoker.loader._resample", ["stoker/loader/_resample.c"], extra_compile_args=["-ffp-contract=off"],
+                  optional=True),
     ],
 )

@@ -16,7 +16,7 @@ from stoker.doctor.report import SCHEMA_PATH
 from stoker.env import REGION_DECODE, FallbackWarning, fallback_notes
 from stoker.loader import decode_crop
 
-PARTS = ("region decode", "simplejpeg", "OpenCV", "PyAV", "GPU decode", "Ray", "s3fs")
+PARTS = ("region decode", "exact resize", "simplejpeg", "OpenCV", "PyAV", "GPU decode", "Ray", "s3fs")
 
 # Run in a fresh process: the region-decode extension refused at import, as on an install built
 # without libjpeg-turbo's headers. Prints what `stoker env` says, the FallbackWarnings of two
@@ -98,6 +98,7 @@ def test_stoker_env_lists_each_part_quickly():
         assert found["region decode"] == "yes" and f"libjpeg-turbo {_jpeg_region.LIBJPEG_TURBO_VERSION}" in run.stdout
     else:
         assert found["region decode"] == "no" and "Fix: " in run.stdout
+    assert found["exact resize"] == ("yes" if decode_crop.resize_crop is not None else "no")
     assert found["simplejpeg"] == found["OpenCV"] == "yes"  # dependencies
     version = subprocess.run([sys.executable, "-m", "stoker.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.splitlines()[0] == head

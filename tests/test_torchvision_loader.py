@@ -121,13 +121,15 @@ def test_batches_have_the_dataloaders_dtype_range_and_shape(photos, packed, tv):
 
 @pytest.mark.parametrize("tv", [T, V], ids=["v1", "v2"])
 def test_the_validation_pipeline_is_pixel_close_to_torchvisions(photos, packed, tv):
-    """The tolerance docs/user-guide.md states: on the uint8 scale, mean abs difference under 0.01
-    and at most 1 (rounding), for Resize(256) + CenterCrop(224) + ToTensor + Normalize."""
+    """The tolerance docs/user-guide.md states, for Resize(256) + CenterCrop(224) + ToTensor +
+    Normalize: the same uint8 pixels where Pillow resizes horizontally first (every Pillow before
+    13, and Pillow 13 on these photos), else at most 1 of 255. Only Normalize's float rounding
+    differs here: under 0.01 of a level."""
     dataset = stoker.ShardDataset(packed)
     pipeline = val(tv)
     ours = torch.cat([images for images, _ in stoker.Loader(dataset, 32, transform=pipeline, order="sequential")])
     difference = ((ours - by_key(photos, dataset, pipeline)) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
-    assert float(difference.mean()) < 0.01 and float(difference.max()) < 1.01
+    assert float(difference.max()) < 0.01
 
 
 def test_fixed_random_ops_match_the_dataloader_pixel_for_pixel(photos, packed):

@@ -87,6 +87,8 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("stoker.libs/libjpeg") for n in names), "no libjpeg grafted into the wheel"
     assert any("/licenses/libjpeg-turbo/" in n for n in names), "libjpeg-turbo's licence is not in the wheel"
+    assert "stoker/loader/_resample.pyi" in names and any(
+        n.startswith("stoker/loader/_resample.") and n.endswith(".so") for n in names), "no exact-resize extension"
 
     # A fresh environment with only the wheel installed, reusing this environment's packages (torch ...)
     # through a .pth line: the stoker it imports is the wheel's, not this checkout.
@@ -121,3 +123,5 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
                                   np.frombuffer(expected, np.uint8, rows * cols * 3))
     region_line = next(line for line in out["env"].splitlines() if "region decode" in line)
     assert region_line.split()[2] == "yes", out["env"]
+    resize_line = next(line for line in out["env"].splitlines() if "exact resize" in line)
+    assert resize_line.split()[2] == "yes", out["env"]

@@ -25,9 +25,8 @@ class CropSpec:
     Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched. These two
     are resampled with OpenCV, each image decoded at the smallest DCT scale its crop allows; with
     ``exact`` (what a translated torchvision Resize gets) instead as torchvision's PIL path does:
-    decoded whole with Pillow's IDCT and upsampling, torchvision's fractional box resampled with
-    Pillow's antialiased bilinear filter (within 1/255 of ImageFolder + Resize + CenterCrop; slower
-    for large images).
+    decoded whole with Pillow's IDCT and upsampling, resized with Pillow's antialiased bilinear
+    filter and cropped (the pixels of ImageFolder + Resize + CenterCrop; slower for large images).
     ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
     """
 
@@ -86,18 +85,24 @@ def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tupl
     return (height - ch) // 2, (width - cw) // 2, ch, cw
 
 
-def exact_box(spec: CropSpec, height: int, width: int) -> tuple[float, float, float, float]:
-    """(top, left, height, width) in source pixels, fractional, of a deterministic crop (``center``,
-    ``resize``): exactly what torchvision's Resize(short side) + CenterCrop (``center``) or
-    Resize((h, w)) (``resize``) take from the image, so resampling that box gives their pixels."""
-    if spec.kind == "resize":
-        return 0.0, 0.0, float(height), float(width)
+def exact_resize(spec: CropSpec, height: int, width: int) -> tuple[int, int, int, int]:
+    """(resized height, resized width, top, left) of a deterministic crop (``center``, ``resize``):
+    the size torchvision's Resize(short side) (``center``) or Resize((h, w)) (``resize``) gives the
+    image, and where CenterCrop's output starts in it (0, 0 for ``resize``)."""
     out_h, out_w = spec.size
+    if spec.kind == "resize":
+        return out_h, out_w, 0, 0
     short = round(min(out_h, out_w) / spec.center_fraction)  # Resize(short): the short side becomes this
     if width <= height:
         new_h, new_w = int(short * height / width), short  # torchvision truncates the long side
     else:
         new_h, new_w = short, int(short * width / height)
-    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))  # CenterCrop's offsets
+    return new_h, new_w, int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))  # CenterCrop's offsets
+
+
+def exact_box(spec: CropSpec, height: int, width: int) -> tuple[float, float, float, float]:
+    """(top, left, height, width) in source pixels, fractional, of a deterministic crop: the part of
+    the image that :func:`exact_resize`'s resize and crop take."""
+    new_h, new_w, top, left = exact_resize(spec, height, width)
     sy, sx = height / new_h, width / new_w
-    return top * sy, left * sx, out_h * sy, out_w * sx
+    return top * sy, left * sx, spec.size[0] * sy, spec.size[1] * sx

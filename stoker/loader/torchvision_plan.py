@@ -225,7 +225,7 @@ def _leading_geometry(transforms: list[Any]) -> tuple[int, CropSpec | None, list
 def _resampling_note(transform: Any) -> str:
     mode = _interpolation(transform)
     if _kind(transform) == "Resize":
-        how = "decoded whole, torchvision's box resampled with Pillow's antialiased bilinear filter, as its PIL path"
+        how = "decoded whole, resized with Pillow's antialiased bilinear filter and cropped, as torchvision's PIL path"
     else:
         how = "decoded at the smallest JPEG DCT scale the crop allows, then resized bilinearly (area when shrinking >2x)"
     if mode != "bilinear":
