@@ -3,7 +3,9 @@ Loader warns once per process and the doctor's report carries the same line."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,3 +104,12 @@ def test_stoker_env_lists_each_part_quickly():
     assert found["simplejpeg"] == found["OpenCV"] == "yes"  # dependencies
     version = subprocess.run([sys.executable, "-m", "stoker.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.splitlines()[0] == head
+
+
+@pytest.mark.skipif(not os.environ.get("STOKER_REQUIRE_EXTENSIONS"),
+                    reason="set STOKER_REQUIRE_EXTENSIONS=1 (`make test` does) where the C extensions must be built")
+def test_every_c_extension_is_built_where_required():
+    """The extensions' own tests skip where one is not built (a user's install without a compiler or
+    libjpeg's headers); where the build must have made them, a missing one fails here instead."""
+    for name in ("stoker.loader._jpeg_region", "stoker.loader._resample", "stoker.pack._jpeg_restart"):
+        importlib.import_module(name)

@@ -105,6 +105,7 @@ def test_threads_give_the_same_bytes():
     ((375, 500, 256, 341, -1, 0, 224, 224), "crop at \\(-1, 0\\)"),
     ((375, 500, 0, 341, 0, 0, 1, 1), "resize of a 375x500 image"),
     ((376, 500, 256, 341, 16, 58, 224, 224), "buffers of 562500 and 150528 bytes"),  # the image is too short
+    ((2_000_000, 1, 256, 341, 16, 58, 224, 224), "resize of a 2000000x1 image"),  # sides over 2^20: sizes could overflow
 ])
 def test_a_crop_outside_the_resize_or_a_short_buffer_is_refused(args, message):
     with pytest.raises(ValueError, match=message):
@@ -123,8 +124,14 @@ def test_the_exact_crop_is_pillows_with_and_without_the_extension():
     assert (resized_h, resized_w, top, left) == (256, 341, 16, 58)
     decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     expected = _pillow(decoded, (256, 341), 16, 58, (224, 224))
+    calls = []
+
+    def counted(*args):  # the extension itself, counting calls: proof that this path ran it
+        calls.append(args[:7])
+        resize_crop(*args)
+
     outputs = []
-    for extension in (resize_crop, None):
+    for extension in (counted, None):
         decode_crop.resize_crop = extension
         try:
             out = np.zeros((224, 224, 3), np.uint8)
@@ -132,4 +139,5 @@ def test_the_exact_crop_is_pillows_with_and_without_the_extension():
             outputs.append(out)
         finally:
             decode_crop.resize_crop = resize_crop
+    assert [args[1:] for args in calls] == [(375, 500, 256, 341, 16, 58)]  # the extension ran once, the fallback not
     assert np.array_equal(outputs[0], expected) and np.array_equal(outputs[1], expected)

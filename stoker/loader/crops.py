@@ -103,6 +103,8 @@ def exact_resize(spec: CropSpec, height: int, width: int) -> tuple[int, int, int
 def exact_box(spec: CropSpec, height: int, width: int) -> tuple[float, float, float, float]:
     """(top, left, height, width) in source pixels, fractional, of a deterministic crop: the part of
     the image that :func:`exact_resize`'s resize and crop take."""
+    if spec.kind == "resize":
+        return 0.0, 0.0, float(height), float(width)
     new_h, new_w, top, left = exact_resize(spec, height, width)
     sy, sx = height / new_h, width / new_w
     return top * sy, left * sx, spec.size[0] * sy, spec.size[1] * sx
