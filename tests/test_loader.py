@@ -233,6 +233,23 @@ def test_batches_come_from_a_ring_of_buffers_that_never_hands_out_a_held_one(pac
         assert np.array_equal(view, expected[0].numpy())
 
 
+def _resident_bytes() -> int:
+    return int(Path("/proc/self/smaps_rollup").read_text().split("Rss:")[1].split()[0]) << 10
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux's /proc/self/smaps_rollup")
+def test_a_thread_buffer_holds_memory_only_for_what_is_written():
+    """Each Loader thread keeps a 16 MB read buffer for members of any size: only the pages the
+    bytes read into it touch may become resident (a zeroed bytearray made all 16 MB resident)."""
+    from stoker.loader.buffers import thread_buffer
+
+    before = _resident_bytes()
+    buffer = thread_buffer("residency-test", 64 << 20)
+    buffer[: 100 << 10] = b"x" * (100 << 10)
+    assert _resident_bytes() - before < 16 << 20
+    assert thread_buffer("residency-test", 1 << 20) is buffer and buffer[:1] == b"x"  # kept and reused
+
+
 def test_exact_boxes_are_torchvisions_resize_and_center_crop():
     from stoker.loader.crops import exact_box
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
+from stoker.data.readers import ReadBuffer
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.errors import CorruptDataError, StokerError
 
@@ -107,7 +108,7 @@ class ShardDataset(torch.utils.data.Dataset):
                 log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
         raise CorruptDataError(self.root, None, "no readable sample left")
 
-    def read_image(self, index: int, into: bytearray | None = None) -> tuple[bytes | memoryview, int]:
+    def read_image(self, index: int, into: ReadBuffer | None = None) -> tuple[bytes | memoryview, int]:
         """The stored (undecoded) image bytes of sample ``index`` and its label; no transform.
         With ``into``, the bytes are read into that reused buffer when they fit (see
         :meth:`ShardReader.read_member`) and a view of it is returned."""

@@ -7,6 +7,7 @@ process.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -21,6 +22,9 @@ from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
 from stoker.storage import willneed
 from stoker.storage.cache import ShardCache
 from stoker.storage.remote import RemoteData
+
+# A buffer a caller reuses to read members into (the Loader's are anonymous maps, see loader/buffers.py).
+ReadBuffer = bytearray | mmap.mmap
 
 _RECENT_BLOCKS = 64
 # Blocks of a remote shard kept in memory per reader (8 MiB each by default).
@@ -53,9 +57,9 @@ class ShardReader:
     @overload
     def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
     @overload
-    def read_member(self, local: int, member: np.void, into: bytearray | None) -> bytes | memoryview: ...
+    def read_member(self, local: int, member: np.void, into: ReadBuffer | None) -> bytes | memoryview: ...
 
-    def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
+    def read_member(self, local: int, member: np.void, into: ReadBuffer | None = None) -> bytes | memoryview:
         """The bytes of one member of sample ``local``, checked against the index checksum.
 
         With ``into`` (a buffer the caller reuses) the member is read into it and a view of it is
@@ -70,7 +74,7 @@ class ShardReader:
             raise CorruptDataError(self.path, self.index.key(local), f"checksum mismatch in member '{field}'")
         return data
 
-    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+    def _read(self, local: int, offset: int, size: int, into: ReadBuffer | None) -> bytes | memoryview:
         """``size`` bytes at ``offset`` of the shard file, into ``into`` when it fits."""
         fd = self._acquire()
         try:
@@ -180,7 +184,7 @@ class RemoteShardReader(ShardReader):
         self.path = f"{remote.url}/{entry.name}"
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
 
-    def _read(self, local: int, offset: int, size: int, into: bytearray | None) -> bytes | memoryview:
+    def _read(self, local: int, offset: int, size: int, into: ReadBuffer | None) -> bytes | memoryview:
         # A RemoteError (the store down after every retry, denied access) propagates as it is: it
         # says nothing about the data, so on_error="skip" must never skip past it.
         data = self._from_block(offset // self.block_bytes, offset, size)
@@ -247,9 +251,9 @@ class CachedShardReader(ShardReader):
     @overload
     def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
     @overload
-    def read_member(self, local: int, member: np.void, into: bytearray | None) -> bytes | memoryview: ...
+    def read_member(self, local: int, member: np.void, into: ReadBuffer | None) -> bytes | memoryview: ...
 
-    def read_member(self, local: int, member: np.void, into: bytearray | None = None) -> bytes | memoryview:
+    def read_member(self, local: int, member: np.void, into: ReadBuffer | None = None) -> bytes | memoryview:
         """As :meth:`ShardReader.read_member`; a cached copy found damaged is dropped and the member
         read from the source instead."""
         if not self._cached():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import mmap
 from collections.abc import Callable
 
 import cv2
@@ -143,8 +144,8 @@ def _dct_scale(spec: CropSpec, box: tuple[int, int, int, int]) -> int:
 
 
 def _decode_region(decode: Callable[..., tuple[int, int, int, int]], data: bytes | memoryview, height: int, width: int,
-                   box: tuple[int, int, int, int], scale: int, buffer: bytearray,
-                   strip: bytearray | None) -> tuple[np.ndarray, tuple[int, int]]:
+                   box: tuple[int, int, int, int], scale: int, buffer: mmap.mmap,
+                   strip: mmap.mmap | None) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode only the rows and iMCU columns around ``box`` at 1/``scale`` with ``decode`` (the
     extension's ``decode_region``): the block, and where its top-left pixel lies in the whole image
     at that scale. Bit-exact with simplejpeg's full decode (fastdct, fastupsample); measured here
