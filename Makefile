@@ -36,10 +36,11 @@ $(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/
 demo: $(TV_STAMP)
 	$(TV_BIN)/python examples/demo.py --out demo-data
 
+# The C extensions are optional for users, not here: STOKER_REQUIRE_EXTENSIONS makes a build that
+# failed fail the tests (tests/test_env.py) instead of skipping the extensions' own tests.
 test: $(STAMP) $(TV_STAMP) wheel
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	# the C extensions are optional for users, not here: a build that failed must fail the tests
 	STOKER_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q
 	$(TV_BIN)/python -m pytest -q -m torchvision
 

@@ -233,6 +233,19 @@ def test_batches_come_from_a_ring_of_buffers_that_never_hands_out_a_held_one(pac
         assert np.array_equal(view, expected[0].numpy())
 
 
+@pytest.mark.parametrize("height, width, size", [(64, 300, (64, 100)), (300, 64, (100, 64)), (300, 300, (100, 100))])
+def test_a_crop_shrinking_2x_or_more_is_filtered_not_sampled(height, width, size):
+    """One-pixel stripes across each axis that shrinks 3x (one axis, the other, both: a checkerboard).
+    Sampled every third pixel, as a plain bilinear resize does, they stay stripes (std ~127);
+    filtered, they become (nearly) even gray."""
+    yy, xx = np.mgrid[0:height, 0:width]
+    across = (yy * (size[0] < height) + xx * (size[1] < width)) % 2
+    pattern = np.repeat((across * 255).astype(np.uint8)[..., None], 3, axis=2)
+    out = np.zeros((*size, 3), np.uint8)
+    decode_crop.crop_into(pattern, stoker.CropSpec("resize", size, flip=False), np.zeros((10, 4)), False, out)
+    assert abs(float(out.mean()) - 127.5) < 3 and float(out.std()) < 45, (out.mean(), out.std())
+
+
 def _resident_bytes() -> int:
     return int(Path("/proc/self/smaps_rollup").read_text().split("Rss:")[1].split()[0]) << 10
 

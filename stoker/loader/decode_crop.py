@@ -175,12 +175,19 @@ def _crop_resize(image: np.ndarray, origin: tuple[int, int], scaled: tuple[int, 
     sy, sx = scaled[0] / size[0], scaled[1] / size[1]
     y0, x0 = int(top * sy), int(left * sx)
     y1, x1 = max(y0 + 1, round((top + ch) * sy)), max(x0 + 1, round((left + cw) * sx))
-    # After a power-of-two DCT reduction a crop shrinks by less than 2x, where bilinear is close to
-    # an antialiased filter; beyond 2x (small images through Pillow), area averaging keeps it so
-    # (it costs ~6x bilinear here: 450 vs 75 us for a 224x224 output).
-    shrink = max((y1 - y0) / out.shape[0], (x1 - x0) / out.shape[1])
     oy, ox = origin
-    cv2.resize(image[y0 - oy : y1 - oy, x0 - ox : x1 - ox], (out.shape[1], out.shape[0]), dst=out,
-               interpolation=cv2.INTER_AREA if shrink > 2 else cv2.INTER_LINEAR)
+    block = image[y0 - oy : y1 - oy, x0 - ox : x1 - ox]
+    # Bilinear is close to an antialiased filter while a crop shrinks by less than 2x. An axis that
+    # shrinks more is first halved (a bilinear resize to exactly half averages pixel pairs: a 2:1
+    # box filter; an odd last row or column is dropped), as the power-of-two DCT scale halves both
+    # axes at once; a crop can still shrink 2x or more on one axis after it (wide or tall crops,
+    # and small outputs: 22% of RandomResizedCrop's crops at 160 px). Measured here, 160 px from a
+    # 250x400 crop: ~90 us, where OpenCV's INTER_AREA, used before, took ~430.
+    out_h, out_w = out.shape[:2]
+    while block.shape[0] >= 2 * out_h or block.shape[1] >= 2 * out_w:
+        fy, fx = (2 if block.shape[0] >= 2 * out_h else 1), (2 if block.shape[1] >= 2 * out_w else 1)
+        h, w = block.shape[0] // fy, block.shape[1] // fx
+        block = cv2.resize(block[: h * fy, : w * fx], (w, h), interpolation=cv2.INTER_LINEAR)
+    cv2.resize(block, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR)
     if flip:
         cv2.flip(out, 1, dst=out)
