@@ -227,7 +227,8 @@ def _resampling_note(transform: Any) -> str:
     if _kind(transform) == "Resize":
         how = "decoded whole, resized with Pillow's antialiased bilinear filter and cropped, as torchvision's PIL path"
     else:
-        how = "decoded at the smallest JPEG DCT scale the crop allows, then resized bilinearly (area when shrinking >2x)"
+        how = ("decoded at the smallest JPEG DCT scale the crop allows, then resized bilinearly "
+               "(an axis shrinking 2x or more halved first)")
     if mode != "bilinear":
         how += f"; {mode} interpolation is approximated by that"
     if getattr(transform, "antialias", True) is False:
