@@ -68,7 +68,9 @@ def test_adaptive_keeps_a_slow_producer_s_consumer_busy(mode):
         assert set(counts) == set(range(15 * BATCH)) and max(counts.values()) <= 4
         assert after.fresh_batches - before.fresh_batches == 15
         assert after.echoed_batches - before.echoed_batches >= 15  # about 2 echoes per fresh batch
-        assert max(waits[3:]) < 0.015, waits  # a fresh batch takes 30 ms: no step waited for one
+        # A fresh batch takes 30 ms: once warm, no step waits for one (without echoing, every step
+        # would wait ~20 ms). One step is allowed a hiccup of the machine: a CI run saw one 42 ms wait.
+        assert sum(wait >= 0.015 for wait in waits[3:]) <= 1, waits
 
 
 def test_adaptive_respects_max_factor_and_waits_when_it_is_spent():
