@@ -67,13 +67,18 @@ def report() -> str:
     return "\n".join(lines)
 
 
-@functools.cache
 def region_decode_error() -> str | None:
     """Why the region-decode extension does not import here, or ``None`` when it does."""
+    return _import_error(REGION_DECODE)
+
+
+@functools.cache
+def _import_error(name: str) -> str | None:
+    """Why the extension module ``name`` does not import here, or ``None`` when it does."""
     try:
-        _import_extension(REGION_DECODE)
+        _import_extension(name)
     except ImportError as e:
-        return f"{REGION_DECODE} did not import: {e}"
+        return f"{name} did not import: {e}"
     return None
 
 
@@ -124,11 +129,10 @@ def _region_decode() -> Part:
 
 
 def _exact_resize() -> Part:
-    try:
-        _import_extension(EXACT_RESIZE)
-    except ImportError as e:
+    error = _import_error(EXACT_RESIZE)
+    if error is not None:
         return Part("exact resize", False, "", f"Resize + CenterCrop resized whole by Pillow instead (~3x the time): "
-                                               f"{EXACT_RESIZE} did not import: {e}. Fix: reinstall stoker with a C compiler")
+                                               f"{error}. Fix: reinstall stoker with a C compiler")
     return Part("exact resize", True, "", "torchvision's Resize + CenterCrop pixels, computed for the crop alone")
 
 

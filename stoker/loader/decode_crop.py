@@ -81,17 +81,17 @@ def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarra
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     if colorspace not in _RGB_COLORSPACES:
         return False
+    buffer = thread_buffer("decode", height * width * 3)
+    if spec.exact:  # Pillow's IDCT and upsampling (no fast modes), the whole image
+        _resample_exact(simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buffer), spec, flip, out)
+        return True
     box = crop_box(spec, height, width, tries)
-    if not spec.exact and box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
+    if box == (0, 0, height, width) and out.shape[:2] == (height, width) and out.flags.c_contiguous:
         # the whole image at its own size (video frames passed through): decode into place;
         # measured here, 240 instead of 370 us per 320x240 frame (no resize that only copies)
         simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=out)
         if flip:
             cv2.flip(out, 1, dst=out)
-        return True
-    buffer = thread_buffer("decode", height * width * 3)
-    if spec.exact:  # Pillow's IDCT and upsampling (no fast modes), the whole image
-        _resample_exact(simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buffer), spec, flip, out)
         return True
     scale = _dct_scale(spec, box)
     scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
