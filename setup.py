@@ -13,8 +13,13 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("stoker.loader._jpeg_region", ["stoker/loader/_jpeg_region.c"], libraries=["jpeg"],
-                  depends=["stoker/_jpeg_strict.h"], optional=True),
+        # decode_chunk.c (a chunk of samples per call, without the GIL) shares the region decode;
+        # bilinear.c resizes as cv2.resize; no FMA contraction, so crop boxes round as crops.py's do
+        Extension("stoker.loader._jpeg_region",
+                  ["stoker/loader/_jpeg_region.c", "stoker/loader/decode_chunk.c", "stoker/loader/bilinear.c"],
+                  libraries=["jpeg"], extra_compile_args=["-ffp-contract=off"],
+                  depends=["stoker/_jpeg_strict.h", "stoker/loader/region.h", "stoker/loader/bilinear.h",
+                           "third_party/xxhash/xxhash.h"], optional=True),
         Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
                   depends=["stoker/_jpeg_strict.h"], optional=True),
         Extension("stoker.loader._resample", ["stoker/loader/_resample.c"], extra_compile_args=["-ffp-contract=off"],

@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
-from stoker.data.readers import ReadBuffer
+from stoker.data.readers import ReadBuffer, ShardReader
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.errors import CorruptDataError, StokerError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageReads:
+    """The image members of a run of samples (see :meth:`ShardDataset.image_reads`), one entry each."""
+
+    fds: np.ndarray  # int32: the open shard file
+    offsets: np.ndarray  # uint64: the member's first byte in it
+    sizes: np.ndarray  # uint64
+    checksums: np.ndarray | None  # uint64 (xxh3-64, as the index stores it); None: the data set is not verified
+    labels: np.ndarray  # int64
+    covered: np.ndarray  # bool: described here; the others are read the usual way
 
 
 class ShardDataset(torch.utils.data.Dataset):
@@ -121,6 +135,41 @@ class ShardDataset(torch.utils.data.Dataset):
             names = [fields[m["field"]] for m in members]
             raise CorruptDataError(reader.path, reader.index.key(local), f"no image member among {names}")
         return reader.read_member(local, member, into), int(reader.index.labels[local])
+
+    @contextmanager
+    def image_reads(self, indices: np.ndarray) -> Iterator[ImageReads]:
+        """Where the image bytes of samples ``indices`` are, as arrays, with their shard files held
+        open while the block runs: for native code that reads and checks many samples without the
+        GIL (stoker/loader/decode_chunk.c). Samples it cannot describe so (shards read remotely
+        or through the node cache, samples without an image member) are left out of ``covered``
+        for the caller to read the usual way, which raises or skips as it says."""
+        indices = np.asarray(indices, np.int64)
+        n = len(indices)
+        reads = ImageReads(np.full(n, -1, np.int32), np.zeros(n, np.uint64), np.zeros(n, np.uint64),
+                           np.zeros(n, np.uint64) if self.shards.verify else None, np.zeros(n, np.int64),
+                           np.zeros(n, bool))
+        shards = np.searchsorted(self.shards.starts, indices, side="right") - 1
+        with ExitStack() as held:
+            for shard in np.unique(shards):
+                try:
+                    reader = self.shards.reader(int(shard))
+                    fd = held.enter_context(reader.open_file()) if type(reader) is ShardReader else None
+                except StokerError:  # the usual read names it (and on_error decides)
+                    continue
+                if fd is None:
+                    continue
+                mine = np.flatnonzero(shards == shard)
+                local = indices[mine] - self.shards.starts[shard]
+                rows = reader.index.first_members(self._image_fields)[local]
+                found = rows >= 0
+                mine, local, members = mine[found], local[found], reader.index.members[rows[found]]
+                reads.fds[mine] = fd
+                reads.offsets[mine], reads.sizes[mine] = members["offset"], members["size"]
+                if reads.checksums is not None:
+                    reads.checksums[mine] = members["checksum"]
+                reads.labels[mine] = reader.index.labels[local]
+                reads.covered[mine] = True
+            yield reads
 
     def decode_error(self, index: int, error: Exception) -> CorruptDataError:
         """The error to raise when sample ``index``'s image does not decode: it names shard and key."""

@@ -12,6 +12,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import overload
 
@@ -89,6 +91,16 @@ class ShardReader:
             return os.pread(fd, size, offset)
         except OSError as e:
             raise CorruptDataError(self.path, self.index.key(local), f"read failed: {e.strerror or e}") from None
+        finally:
+            self._release()
+
+    @contextmanager
+    def open_file(self) -> Iterator[int]:
+        """The shard file's descriptor, kept open while the block runs (a reader closed meanwhile
+        closes it after): native code reads members through it without the GIL."""
+        fd = self._acquire()
+        try:
+            yield fd
         finally:
             self._release()
 

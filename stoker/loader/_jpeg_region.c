@@ -24,22 +24,8 @@
 #include <jpeglib.h>
 
 #include "../_jpeg_strict.h"
+#include "region.h"
 
-typedef struct {
-    /* in */
-    const unsigned char *data;
-    size_t size;
-    Py_ssize_t top, left, height, width;
-    int scale;
-    unsigned char *out;
-    size_t out_size;
-    unsigned char *strip; /* NULL, or where a strip JPEG may be built from the image's restart table */
-    size_t strip_size;
-    /* out */
-    JDIMENSION rows, cols, dy, dx;
-    int table_error; /* the message is about the restart table: damage to stoker's own data, never a decoder's quirk */
-    char message[JMSG_LENGTH_MAX + 64];
-} Job;
 
 static PyObject *RestartTableError;
 
@@ -195,8 +181,9 @@ static int make_strip(Job *job) {
     return 0;
 }
 
-/* Decodes job->data into job->out; returns 0, or -1 with job->message set. Runs without the GIL. */
-static int decode(Job *job) {
+/* Decodes job->data into job->out; returns 0, or -1 with job->message set. Runs without the GIL
+ * (also called by decode_chunk.c, once per sample of a chunk). */
+int region_decode(Job *job) {
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
     JDIMENSION y0, y1, x0, x1, xoff, cw;
@@ -307,7 +294,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args, PyObject *kwargs)
     }
 
     Py_BEGIN_ALLOW_THREADS
-    rc = decode(&job);
+    rc = region_decode(&job);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&data);
@@ -332,6 +319,7 @@ static PyMethodDef methods[] = {
      "`stoker pack --restart-rows` is decoded from a strip JPEG of the MCU rows and restart\n"
      "intervals around the region, built there: the same pixels, less entropy decoding. A restart\n"
      "table that does not match the file raises ValueError."},
+    {"decode_chunk", (PyCFunction)(void (*)(void))decode_chunk, METH_VARARGS | METH_KEYWORDS, DECODE_CHUNK_DOC},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ from stoker.errors import CorruptDataError, TransformError
 from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
+from stoker.loader.native_chunk import decode_samples, decodes_natively
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
 _READ_BUFFER_BYTES = 16 << 20
@@ -135,23 +136,55 @@ class BatchMaker:
         return (*shape[:-1], shape[-1] * self.pixel_dtype().itemsize)
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
-        """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread)."""
+        """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread):
+        first all of them in one native call where it can (native_chunk.py), then one by one what is left."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
-        for j in map(int, positions):
+        positions = np.asarray(positions, np.int64)
+        crops, made = self._decode_natively(batch, positions)
+        for k, j in enumerate(map(int, positions)):
             if self.crop is None:
                 targets[j] = self._place_readable(batch, j, None)
             elif self.augment is None:
-                targets[j] = self._place_readable(batch, j, pixels[j])
+                if not made[k]:
+                    targets[j] = self._place_readable(batch, j, pixels[j])
             else:
-                size = pixels[j].size  # decoded into this thread's scratch, then augmented into the batch
-                cropped = np.frombuffer(thread_buffer("crop", size), np.uint8, size).reshape(pixels[j].shape)
-                targets[j] = self._place_readable(batch, j, cropped)
+                cropped = crops[k]  # decoded into this thread's scratch, then augmented into the batch
+                if not made[k]:
+                    targets[j] = self._place_readable(batch, j, cropped)
                 self._augment(batch, j, cropped, pixels[j])
             if batch.transformed is not None:
                 # the whole image as ImageFolder gives it, or the crop as (3, H, W) ((T, 3, H, W) for a
                 # clip); a tensor view only here: making one costs ~20 us of held GIL per image
                 image = batch.transformed[j] if self.crop is None else batch.images[j].movedim(-1, -3)
                 batch.transformed[j] = self._transform(int(batch.indices[j]), image)
+
+    def _decode_natively(self, batch: Batch, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(crops, made): the samples at ``positions`` decoded and cropped by one native call where
+        it can make them, into their slots of the batch, or, with an augmentation, into this
+        thread's scratch (``crops[k]``: position k's crop); ``made[k]``: done, label set."""
+        made = np.zeros(len(positions), bool)
+        crops = None
+        if self.crop is not None and self.augment is not None:
+            shape = (len(positions), *self.sample_shape())
+            size = int(np.prod(shape))
+            crops = np.frombuffer(thread_buffer("crop", size), np.uint8, size).reshape(shape)
+        if not self.natively_decoded() or not len(positions):
+            return crops, made
+        assert self.crop is not None
+        indices, draws = batch.indices[positions], BatchDraws(batch.draws.tries[positions], batch.draws.flips[positions])
+        if crops is None:
+            made, labels = decode_samples(self.dataset, self.crop, self.dataset.restart_rows, indices, draws,
+                                          batch.images.numpy(), positions)
+        else:
+            made, labels = decode_samples(self.dataset, self.crop, self.dataset.restart_rows, indices, draws, crops,
+                                          np.arange(len(positions)))
+        batch.labels.numpy()[positions[made]] = labels[made]
+        return crops, made
+
+    def natively_decoded(self) -> bool:
+        """Whether this maker's samples go through one native call per chunk (native_chunk.py): a
+        crop it makes, of images placed as :meth:`place` does (not clips, not the GPU decoder's bytes)."""
+        return decodes_natively(self.crop) and type(self).place is BatchMaker.place
 
     def _augment(self, batch: Batch, j: int, cropped: np.ndarray, out: np.ndarray) -> None:
         """Augment sample ``j``'s crop into ``out``, its slot of the batch (float32, or rounded to uint8)."""

@@ -1,0 +1,57 @@
+"""The native path of a batch: one C call (``decode_chunk`` in ``_jpeg_region``) reads, checks,
+decodes, crops, resizes and flips a whole chunk of samples with the GIL released.
+
+Per image from Python (decode_crop.py), the work around the C calls held the GIL for 50-80 us per
+image, so a process's threads stopped adding speed after a few cores (issue 30's py-spy figures).
+Here Python runs once per chunk: it describes the chunk's reads as arrays
+(:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and returns which samples were made;
+the rest (not JPEG, CMYK, damaged, read remotely or through the node cache) go through
+decode_crop.py one by one, which decodes what Pillow can and raises or skips as ``on_error`` says.
+The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stoker.data.dataset import ShardDataset
+from stoker.loader.crops import BatchDraws, CropSpec
+
+decode_chunk: Callable[..., int] | None  # None: the region-decode extension is not built
+try:
+    from stoker.loader._jpeg_region import decode_chunk
+except ImportError:  # its absence is reported once by stoker.env (the region decode's warning)
+    decode_chunk = None
+
+_KINDS = {"random_resized": 0, "center": 1, "resize": 2}
+
+
+def decodes_natively(spec: CropSpec | None) -> bool:
+    """Whether ``decode_chunk`` makes this crop: any CropSpec but ``exact`` (Pillow's resize, the
+    translated Resize + CenterCrop) and whole images, where the extension is built."""
+    return decode_chunk is not None and spec is not None and not spec.exact
+
+
+def decode_samples(dataset: ShardDataset, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,
+                   out: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode samples ``indices`` (with ``draws``, one row each) into ``out[slots]`` (``out``: C-contiguous
+    uint8 (N, H, W, 3)); (made, labels): which were made, and their labels."""
+    assert decode_chunk is not None and out.flags.c_contiguous and out.dtype == np.uint8
+    status = np.full(len(indices), 255, np.uint8)
+    with dataset.image_reads(indices) as reads:
+        covered = np.flatnonzero(reads.covered)
+        if len(covered):
+            made = np.empty(len(covered), np.uint8)
+            decode_chunk(reads.fds[covered], reads.offsets[covered], reads.sizes[covered],
+                         None if reads.checksums is None else reads.checksums[covered],
+                         np.ascontiguousarray(draws.tries[covered], np.float64), draws.flips[covered].astype(np.uint8),
+                         np.ascontiguousarray(slots[covered], np.int64), _spec_tuple(spec, restarts), out, made)
+            status[covered] = made
+    return status == 0, reads.labels
+
+
+def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool]:
+    return (_KINDS[spec.kind], *spec.size, *map(float, spec.scale), *map(float, spec.ratio), float(spec.center_fraction),
+            restarts)
