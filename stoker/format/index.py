@@ -155,7 +155,7 @@ class ShardIndex:
         cached = self._first_members.get(fields)
         if cached is None:
             wanted = np.isin(self.members["field"], [i for i, name in enumerate(self.fields) if name in fields])
-            owner = np.repeat(np.arange(len(self.samples)), np.diff(self._first_member.astype(np.int64)))
+            owner = np.repeat(np.arange(len(self.samples)), np.diff(self._first_member).astype(np.int64))
             rows = np.flatnonzero(wanted)
             samples, first = np.unique(owner[rows], return_index=True)  # rows are in order: each sample's first
             cached = np.full(len(self.samples), -1, np.int64)

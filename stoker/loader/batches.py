@@ -148,6 +148,7 @@ class BatchMaker:
                 if not made[k]:
                     targets[j] = self._place_readable(batch, j, pixels[j])
             else:
+                assert crops is not None
                 cropped = crops[k]  # decoded into this thread's scratch, then augmented into the batch
                 if not made[k]:
                     targets[j] = self._place_readable(batch, j, cropped)
@@ -158,7 +159,7 @@ class BatchMaker:
                 image = batch.transformed[j] if self.crop is None else batch.images[j].movedim(-1, -3)
                 batch.transformed[j] = self._transform(int(batch.indices[j]), image)
 
-    def _decode_natively(self, batch: Batch, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _decode_natively(self, batch: Batch, positions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """(crops, made): the samples at ``positions`` decoded and cropped by one native call where
         it can make them, into their slots of the batch, or, with an augmentation, into this
         thread's scratch (``crops[k]``: position k's crop); ``made[k]``: done, label set."""

@@ -53,5 +53,6 @@ def decode_samples(dataset: ShardDataset, spec: CropSpec, restarts: bool, indice
 
 
 def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool]:
-    return (_KINDS[spec.kind], *spec.size, *map(float, spec.scale), *map(float, spec.ratio), float(spec.center_fraction),
-            restarts)
+    (out_h, out_w), (scale_lo, scale_hi), (ratio_lo, ratio_hi) = spec.size, spec.scale, spec.ratio
+    return (_KINDS[spec.kind], out_h, out_w, float(scale_lo), float(scale_hi), float(ratio_lo), float(ratio_hi),
+            float(spec.center_fraction), restarts)

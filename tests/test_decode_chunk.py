@@ -1,0 +1,206 @@
+"""The Loader's native path (decode_chunk: one C call per chunk of a batch, without the GIL) against
+its per-image path (decode_crop.py, which the Loader takes where the extension is not built): the
+same pixels, labels, errors and skips, on real packs of real JPEGs, odd images and damaged shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import stoker
+from stoker.errors import CorruptDataError
+from stoker.format.index import IndexBuilder, ShardIndex
+from stoker.loader import native_chunk
+from stoker.loader.crops import CropSpec
+from tests.conftest import encode
+
+_jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
+
+SPECS = [
+    CropSpec("random_resized", (224, 224)),
+    CropSpec("random_resized", (160, 160)),  # crops shrinking 2x or more on an axis: halved first
+    CropSpec("random_resized", (48, 64), scale=(0.01, 1.0), ratio=(0.2, 5.0)),  # every DCT scale, thin boxes
+    CropSpec("center", (224, 224)),
+    CropSpec("resize", (96, 128), flip=0.0),
+]
+
+
+class Calls:
+    """decode_chunk itself, counting its calls and the samples it made (a spy: the real function runs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = self.made = 0
+        real = native_chunk.decode_chunk
+
+        def spy(*args, **kwargs):
+            made = real(*args, **kwargs)
+            self.calls += 1
+            self.made += made
+            return made
+
+        monkeypatch.setattr(native_chunk, "decode_chunk", spy)
+
+
+def _batches(path: Path, spec: CropSpec, threads: int, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loader = stoker.Loader(stoker.ShardDataset(path, on_error=options.pop("on_error", "raise")), batch_size=24,
+                           crop=spec, threads=threads, seed=5, **options)
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def _per_image(monkeypatch: pytest.MonkeyPatch, *args, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches the Loader makes without the extension's decode_chunk (decode_crop.py, image by image)."""
+    with monkeypatch.context() as m:
+        m.setattr(native_chunk, "decode_chunk", None)
+        return _batches(*args, **options)
+
+
+def _assert_same(native: list, reference: list) -> None:
+    assert len(native) == len(reference)
+    for (images, labels), (ref_images, ref_labels) in zip(native, reference):
+        assert torch.equal(labels, ref_labels)
+        assert torch.equal(images, ref_images)
+
+
+@pytest.fixture(scope="module")
+def restart_packed(photos, tmp_path_factory) -> Path:
+    """``photos`` packed with --restart-rows: the native path decodes strips of restart intervals."""
+    dst = tmp_path_factory.mktemp("restart") / "ds"
+    stoker.pack(photos, dst, restart_rows=True, workers=1, progress=False)
+    return dst
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.size[0]}x{s.size[1]}")
+@pytest.mark.parametrize("pack", ["packed", "restart_packed"])
+def test_native_batches_are_the_per_image_path_s(request, monkeypatch, pack, spec):
+    path = request.getfixturevalue(pack)
+    calls = Calls(monkeypatch)
+    native = _batches(path, spec, threads=3)
+    assert calls.made == sum(len(labels) for _, labels in native)  # every sample went the native way
+    _assert_same(native, _per_image(monkeypatch, path, spec, threads=1))
+
+
+def test_images_of_every_size_and_aspect(tmp_path, monkeypatch):
+    """Crop boxes (crops.py's rule, ported to C), DCT scales and resizes over sizes from 1x1 to 1,500 x 9."""
+    rng = np.random.default_rng(7)
+    sizes = [(1, 1), (1, 700), (700, 1), (9, 1500), (17, 16), (16, 17), (333, 1), (8, 8), (2, 3)]
+    sizes += [tuple(int(v) for v in rng.integers(1, 900, 2)) for _ in range(40)]
+    for i, (h, w) in enumerate(sizes):
+        pixels = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        (tmp_path / "src" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / "src" / f"c{i % 3}" / f"{i:03}.jpg", quality=90)
+    stoker.pack(tmp_path / "src", tmp_path / "ds", workers=1, progress=False)
+    for spec in SPECS:
+        calls = Calls(monkeypatch)
+        native = _batches(tmp_path / "ds", spec, threads=2)
+        assert calls.made == len(sizes)
+        _assert_same(native, _per_image(monkeypatch, tmp_path / "ds", spec, threads=2))
+
+
+def test_what_only_pillow_decodes_goes_the_per_image_way(odd_images, tmp_path, monkeypatch):
+    """CMYK JPEGs, PNG, WebP, BMP: left to the per-image path (Pillow), in the same batch; the rest native."""
+    stoker.pack(odd_images, tmp_path / "ds", workers=1, progress=False)
+    spec = CropSpec("random_resized", (32, 32))
+    calls = Calls(monkeypatch)
+    native = _batches(tmp_path / "ds", spec, threads=2)
+    assert calls.calls >= 1 and calls.made == 2  # gray.jpg and progressive.jpg; cmyk.jpg and the rest by Pillow
+    _assert_same(native, _per_image(monkeypatch, tmp_path / "ds", spec, threads=2))
+
+
+def _damage(path: Path, key: str) -> None:
+    """Flip a byte in the middle of sample ``key``'s image bytes in its shard."""
+    dataset = stoker.ShardDataset(path)
+    shard, local = dataset.shards.locate(next(i for i in range(len(dataset)) if dataset.key(i) == key))
+    reader = dataset.shards.reader(shard)
+    member = reader.index.sample_members(local)[0]
+    offset = int(member["offset"]) + int(member["size"]) // 2
+    with open(reader.path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x55]))
+
+
+@pytest.fixture
+def damaged(photos, tmp_path) -> tuple[Path, str]:
+    """A pack of ``photos`` with one sample's bytes flipped (its checksum no longer matches)."""
+    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
+    dataset = stoker.ShardDataset(tmp_path / "ds")
+    key = dataset.key(len(dataset) // 2)
+    _damage(tmp_path / "ds", key)
+    return tmp_path / "ds", key
+
+
+def test_a_damaged_sample_raises_naming_it(damaged):
+    path, key = damaged
+    with pytest.raises(CorruptDataError, match="checksum mismatch") as caught:
+        _batches(path, SPECS[0], threads=2)
+    assert key in str(caught.value)
+
+
+def test_a_damaged_sample_is_skipped_as_the_per_image_path_skips_it(damaged, monkeypatch):
+    path, _ = damaged
+    native = _batches(path, SPECS[0], threads=2, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, SPECS[0], threads=2, on_error="skip"))
+
+
+def test_a_truncated_shard_raises_naming_it(photos, tmp_path):
+    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
+    shard = next((tmp_path / "ds").glob("shard-*.tar"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(CorruptDataError, match="truncated"):
+        _batches(tmp_path / "ds", SPECS[0], threads=2)
+
+
+def test_first_members_finds_each_samples_image_member():
+    builder = IndexBuilder()
+    builder.add("a", 0, [("cls", 0, 1, 0), ("jpg", 10, 5, 0)], 0)
+    builder.add("b", 1, [("jpg", 20, 5, 0)], 15)
+    builder.add("c", 2, [("cls", 30, 1, 0)], 25)  # no image member
+    builder.add("d", 3, [("png", 40, 5, 0), ("jpg", 50, 5, 0)], 35)
+    index = ShardIndex.from_bytes(builder.to_bytes(60, 60), "test")
+    assert index.first_members(("jpg",)).tolist() == [1, 2, -1, 5]
+    assert index.first_members(("jpg", "png")).tolist() == [1, 2, -1, 4]
+    assert index.first_members(("webp",)).tolist() == [-1, -1, -1, -1]
+
+
+def _chunk_args(n: int = 2, slots: int = 2) -> dict:
+    data = encode(Image.new("RGB", (32, 32), (200, 10, 10)), "JPEG")
+    return dict(fds=np.zeros(n, np.int32), offsets=np.zeros(n, np.uint64), sizes=np.full(n, len(data), np.uint64),
+                checksums=None, tries=np.zeros((n, 10, 4)), flips=np.zeros(n, np.uint8), positions=np.arange(n),
+                spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False), out=np.zeros((slots, 8, 8, 3), np.uint8),
+                status=np.zeros(n, np.uint8))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(offsets=np.zeros(3, np.uint64)), "offsets has 24 bytes"),
+    (dict(tries=np.zeros((2, 9, 4))), "tries"),
+    (dict(positions=np.array([0, 2])), "position 2 is not a slot"),
+    (dict(positions=np.array([-1, 0])), "position -1"),
+    (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False)), "spec kind 3"),
+    (dict(out=np.zeros((2, 8, 7, 3), np.uint8)), "not whole slots"),
+    (dict(checksums=np.zeros(1, np.uint64)), "checksums"),
+])
+def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
+    args = _chunk_args() | change
+    with pytest.raises(ValueError, match=message):
+        _jpeg_region.decode_chunk(**args)
+
+
+def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
+    good = encode(Image.new("RGB", (32, 32), (200, 10, 10)), "JPEG")
+    png = encode(Image.new("RGB", (32, 32)), "PNG")
+    path = tmp_path / "blob"
+    path.write_bytes(good + png)
+    with open(path, "rb") as f:
+        args = _chunk_args(4, 4) | dict(
+            fds=np.full(4, f.fileno(), np.int32),
+            offsets=np.array([0, len(good), 0, len(good) + len(png) - 4], np.uint64),
+            sizes=np.array([len(good), len(png), len(good) // 2, 100], np.uint64))
+        assert _jpeg_region.decode_chunk(**args) == 1
+    assert args["status"].tolist() == [0, 2, 2, 1]  # made; not a JPEG; truncated JPEG; read past the end
+    assert (np.abs(args["out"][0].astype(int) - (200, 10, 10)) <= 3).all()
+    assert not args["out"][1:].any()
