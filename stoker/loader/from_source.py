@@ -122,7 +122,7 @@ def _forget_what_changed(source: Path, dst: Path, stamps: FileStamps, files: lis
             why, stale_shards = "no record of the files it was made from (made by an earlier stoker, or by stoker pack)", True
         else:
             changes = compare(saved, stamps, files)
-            why = f"{source} changed since it was packed: {changes.describe(source)}" if changes else ""
+            why = f"{source} changed since it was packed: {changes.describe(source.resolve())}" if changes else ""
             stale_shards = bool(changes.changed)
         if finished and why:
             _log.warning("not reusing the pack in %s: %s; packing it again", dst, why)
