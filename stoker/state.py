@@ -103,12 +103,13 @@ def read_state(state: Any, part: str, fields: tuple[str, ...], *, version_1: boo
         raise StateError(f"{name} cannot load this state: it is not a stoker state record (no {_TAG!r} and "
                          f"{_PART!r}; keys {sorted(map(str, state))}); expected one written by {name}'s state_dict()")
     version = state[_TAG]
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= STATE_VERSION:
-        raise StateError(f"{name} cannot load this state: record version {version!r} is not one this stoker "
-                         f"reads (1 to {STATE_VERSION}; a newer stoker wrote it?)")
+    if isinstance(version, bool) or version != STATE_VERSION:
+        newer = "; a newer stoker wrote it?" if isinstance(version, int) and version > STATE_VERSION else ""
+        raise StateError(f"{name} cannot load this state: record version {version!r} is not the one this stoker "
+                         f"reads ({STATE_VERSION}{newer})")
     wrote = state.get(_PART)
     if wrote != part:
-        got = _PART_NAMES.get(wrote, repr(wrote)) if isinstance(wrote, str) else repr(wrote)
+        got = _PART_NAMES.get(wrote, repr(wrote)) if isinstance(wrote, str) else "a record that does not say"
         raise StateError(f"{name} cannot load a state written by {got} (part {wrote!r}): expected one written "
                          f"by {name} (part {part!r}); load each part's state into the same kind of part")
     missing = [field for field in fields if field not in state]
@@ -160,7 +161,7 @@ class Position:
     def from_dict(cls, state: Any, part: str) -> Position:
         """Parse a record that reader ``part`` saved; StateError for anything else, for a version 1
         record (it did not say which order it was saved in), and for a field out of range."""
-        if isinstance(state, dict) and _TAG not in state and _PART not in state:
+        if isinstance(state, dict) and _TAG not in state and "batches_done" in state:  # stoker before version 1
             raise StateError(f"{_PART_NAMES[part]} cannot load this state: it was not saved by this version of stoker "
                              "(no 'stoker_state' record): earlier versions shuffled differently, so it cannot be "
                              "resumed exactly; call set_epoch() with the saved epoch to restart that epoch instead")
@@ -175,6 +176,7 @@ class Position:
         if not isinstance(values["dataset"], str) or not values["dataset"]:
             raise StateError(f"{_PART_NAMES[part]} cannot load this state: dataset={values['dataset']!r} must be "
                              "the data set's manifest digest (a string)")
+        # stoker.data.epoch.ORDERS (the state sits below the data package, which imports it)
         order = checked_choice(part, "order", values["order"], ("quasi_random", "random", "sequential"))
         quasi = order == "quasi_random"
         window, blocks = values["window"], values["blocks"]

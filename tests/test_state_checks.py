@@ -265,6 +265,14 @@ def test_a_loader_given_an_echo_state_says_so(packed):
     with pytest.raises(StateError, match=r"a stoker.Loader cannot load a state written by stoker.echo"):
         loader(dataset).load_state_dict(echo_state)
     json.dumps(echo_state)  # records stay plain values
+    untagged = {key: value for key, value in echo_state.items() if key not in ("stoker_state", "part")}
+    with pytest.raises(StateError, match=r"not a stoker state record .*keys \['counts', 'loader', 'rng'") as refused:
+        loader(dataset).load_state_dict(untagged)  # an echo state of the previous format
+    assert "earlier versions" not in str(refused.value)
+    with pytest.raises(StateError, match="record version 3 is not the one this stoker reads .*a newer stoker"):
+        loader(dataset).load_state_dict({**loader(dataset).state_dict(), "stoker_state": 3})
+    with pytest.raises(StateError, match="written by a record that does not say"):
+        loader(dataset).load_state_dict({key: value for key, value in loader(dataset).state_dict().items() if key != "part"})
 
 
 # ---- Stateful is a runtime-checkable protocol; set_epoch reaches a DataLoader's sampler ----
