@@ -63,6 +63,20 @@ def test_a_loader_refuses_a_state_saved_with_other_blocks(packed):
     assert state["blocks"] in str(refused.value) and other.state_dict()["blocks"] in str(refused.value)
 
 
+def test_a_partial_node_cache_makes_whole_shards_the_blocks_and_is_refused(packed, tmp_path):
+    dataset = stoker.ShardDataset(packed, block_bytes=64 << 10)  # several blocks per shard
+    state = rest_after(loader(dataset, window=2), 3)
+    largest = max(entry.bytes for entry in dataset.shards.manifest.shards)
+    cached = stoker.ShardDataset(packed, block_bytes=64 << 10, cache_dir=tmp_path / "cache", cache_limit=4 * largest)
+    with pytest.raises(StateError, match="another block layout .*cache_limit"):
+        loader(cached, window=2).load_state_dict(state)
+    # a cache that holds all of it: the same blocks, the same order
+    whole = stoker.ShardDataset(packed, block_bytes=64 << 10, cache_dir=tmp_path / "whole")
+    resumed = loader(whole, window=2)
+    resumed.load_state_dict(state)
+    assert resumed.indices(0).tolist() == loader(dataset, window=2).indices(0).tolist()
+
+
 def test_settings_that_do_not_change_the_order_are_not_refused(packed):
     dataset = stoker.ShardDataset(packed)
     for order in ("random", "sequential"):  # window and blocks decide only the quasi-random order
