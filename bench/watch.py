@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from stoker.doctor.watch import watch
+from stoker.watch import watch
 
 from _common import header, med, median_runs
 

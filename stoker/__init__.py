@@ -27,7 +27,7 @@ _EXPORTS = {
     "QuasiRandomSampler": "stoker.data.sampler",
     "DoctorReport": "stoker.doctor",
     "doctor": "stoker.doctor",
-    "watch": "stoker.doctor",
+    "watch": "stoker.watch",  # its own module: wrapping a DataLoader imports neither the doctor nor the decoder
     "EchoStats": "stoker.echo",
     "echo": "stoker.echo",
     "CorruptDataError": "stoker.errors",
@@ -47,12 +47,12 @@ if TYPE_CHECKING:
     from stoker.data.dataset import ShardDataset
     from stoker.data.sampler import QuasiRandomSampler
     from stoker.doctor import DoctorReport, doctor
-    from stoker.doctor.watch import watch  # its module: from stoker.doctor, mypy takes the name for the submodule
     from stoker.echo import EchoStats, echo
     from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
     from stoker.loader import CropSpec, Loader, loader_for
     from stoker.pack import PackResult, pack
     from stoker.video import VideoClipDataset
+    from stoker.watch import watch
 
 
 def __getattr__(name: str):
@@ -73,13 +73,13 @@ def __dir__() -> list[str]:
 
 
 class _Stoker(types.ModuleType):
-    """``stoker.pack``, ``stoker.doctor`` and ``stoker.echo`` are functions named like the packages
-    that define them, and importing such a package (``import stoker.doctor.run``) sets the
-    attribute to the package: the function is returned all the same."""
+    """``stoker.pack``, ``stoker.doctor``, ``stoker.echo`` and ``stoker.watch`` are functions named like
+    the package or module that defines them, and importing it (``import stoker.doctor.run``,
+    ``import stoker.watch``) sets the attribute to the module: the function is returned all the same."""
 
     def __getattribute__(self, name: str):
         value = super().__getattribute__(name)
-        if name in ("pack", "doctor", "echo") and isinstance(value, types.ModuleType):
+        if name in ("pack", "doctor", "echo", "watch") and isinstance(value, types.ModuleType):
             return getattr(value, name)
         return value
 

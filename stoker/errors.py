@@ -38,6 +38,19 @@ class PackError(StokerError):
     """Packing stopped: a bad input under ``strict``, an unwritable destination or a full disk."""
 
 
+class PackMismatchError(PackError):
+    """The destination already holds a finished stoker data set made from another listing or
+    other options: reusing it would serve other samples. ``dst`` names the folder."""
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+        super().__init__(f"{dst}: already holds a stoker data set made from other input or options; "
+                         "pack into a new folder or delete it first")
+
+    def __reduce__(self):
+        return type(self), (self.dst,)
+
+
 class TransformError(StokerError):
     """A user's per-sample transform raised; ``key`` names the sample it was given, and the
     transform's own exception is the ``__cause__``."""

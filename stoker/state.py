@@ -1,17 +1,27 @@
-"""One resume protocol for every stateful part of an input pipeline, and the record it saves.
+"""One resume protocol for every stateful part of an input pipeline, and the records it saves.
 
-    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 1, "dataset": <digest>,
-      wrapped by echo / watch (pass through)                 "seed", "epoch", "world_size", "rank",
-                                                             "batch_size", "samples_done", ...}
+    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 2, "part": "Loader",
+      wrapped by echo / watch (their own records,             "dataset": <digest>, "seed", "epoch",
+      the reader's inside)                                    "world_size", "rank", "batch_size",
+                                                              "order", "window", "blocks", "drop_last",
+                                                              "samples_done"}
 
 Every part has ``state_dict()``, ``load_state_dict(state)`` and ``set_epoch(epoch)`` (after the
-torchdata.nodes design: state is part of each node, not bolted on). A reader's state is a
-:class:`Position`: which data set (its manifest's digest), seed, epoch, world size, rank, batch
-size, and how many samples of this rank's share of the epoch the training loop has consumed.
-Loading a position saved for another data set, world size, batch size or kind of reader raises
-:class:`StateError` naming the difference; a position saved by another rank of the same world size
-is taken as it is (ranks step together, so every rank's position in its own share is the same:
-saving on rank 0 only is enough).
+torchdata.nodes design: state is part of each node, not bolted on); :class:`Stateful` says so and
+is checked with ``isinstance``. Every record says which part wrote it (``part``) and the format's
+version (``stoker_state``); :func:`read_state` opens one for the part that loads it and refuses a
+record of another part, another version or a damaged one with a :class:`StateError` saying what it
+got and what it expected, and :func:`checked` refuses a field whose value is out of range.
+
+A reader's state is a :class:`Position`: which data set (its manifest's digest), seed, epoch, world
+size, rank, batch size, what determines the order (``order``; for ``quasi_random`` its ``window``
+and block layout; ``drop_last``), and how many samples of this rank's share of the epoch the
+training loop has consumed. Loading a position saved for another data set, world size, batch size,
+order or kind of reader raises :class:`StateError` naming both values. Another seed is not refused:
+the state's seed is taken, so the resumed run goes on with the saved run's order and crops, and a
+:class:`StateWarning` names both seeds. A position saved by another rank of the same world size is
+taken as it is (ranks step together, so every rank's position in its own share is the same: saving
+on rank 0 only is enough). Positions of format version 1 did not record the order and are refused.
 
 A reader iterated by the loop knows what the loop consumed: every batch it yielded. A torch
 DataLoader has no state and its workers read ahead, so its QuasiRandomSampler is asked instead,
@@ -21,21 +31,51 @@ wrappers (stoker.echo, stoker.watch) supply themselves (see :func:`state_of`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
+from stoker.ranges import Range
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 _TAG = "stoker_state"
+_PART = "part"
+
+# What each part's records are called in messages.
+_PART_NAMES = {"Loader": "a stoker.Loader", "QuasiRandomSampler": "a stoker.QuasiRandomSampler",
+               "Echo": "stoker.echo", "Watched": "stoker.watch", "Augment": "a stoker.augment.Augment"}
+
+# The allowed values of the counts a record holds (the same bounds for every part).
+SEED = Range("seed", "", 0, 2**63 - 1)  # numpy takes any non-negative seed; an int64 wherever it is stored
+EPOCH = Range("epoch", "", 0, 2**31 - 1)  # Augment's step is (epoch << 32) + batch: an int64
+COUNT = Range("count", "", 0, 2**62)
+WORLD_SIZE = Range("world_size", "", 1, 1 << 20)
+BATCH_SIZE = Range("batch_size", "", 1, 1 << 31)
+WINDOW = Range("window", "", 1, 1 << 31)
+SECONDS = Range("seconds", "", 0, 1e12, integer=False)
 
 
 class StateError(StokerError, ValueError):
-    """A saved state does not fit what loads it (another data set, world size, batch size or reader)."""
+    """A saved state does not fit what loads it (another part, data set, order, world size, batch
+    size), or is not a state stoker wrote (a damaged record, a value out of range)."""
 
 
-class Stateful(Protocol):
-    """What every stateful part of a stoker pipeline implements."""
+class StateWarning(UserWarning):
+    """A state was loaded into a part built differently, and the state's setting was taken (the seed)."""
+
+
+@runtime_checkable
+class EpochAware(Protocol):
+    """A part whose passes follow the epoch (DistributedSampler has this alone)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at the beginning of ``epoch`` (kept where a loaded state already is)."""
+
+
+@runtime_checkable
+class Stateful(EpochAware, Protocol):
+    """What every stateful part of a stoker pipeline implements (``isinstance(x, Stateful)``)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Where this part is; resuming from it continues exactly after what the loop consumed."""
@@ -43,67 +83,173 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`."""
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start the next pass at the beginning of ``epoch`` (kept where a loaded state already is)."""
+
+def record(part: str, **fields: Any) -> dict[str, Any]:
+    """A state record of ``part`` (its class name): the fields, the format version and who wrote it."""
+    return {_TAG: STATE_VERSION, _PART: part, **fields}
+
+
+def read_state(state: Any, part: str, fields: tuple[str, ...], *, version_1: bool = False) -> dict[str, Any]:
+    """The ``fields`` of a record that ``part`` wrote; StateError for anything else, saying what it
+    got and what was expected. ``version_1``: also take the previous format, which had no tag and
+    no part (a dict of exactly ``fields``), where loading it is safe."""
+    name = _PART_NAMES.get(part, part)
+    if not isinstance(state, dict):
+        raise StateError(f"{name} cannot load a {type(state).__name__} as its state: expected the dict its "
+                         "state_dict() returned")
+    if _TAG not in state:
+        if version_1 and set(state) == set(fields):
+            return state
+        raise StateError(f"{name} cannot load this state: it is not a stoker state record (no {_TAG!r} and "
+                         f"{_PART!r}; keys {sorted(map(str, state))}); expected one written by {name}'s state_dict()")
+    version = state[_TAG]
+    if isinstance(version, bool) or version != STATE_VERSION:
+        newer = "; a newer stoker wrote it?" if isinstance(version, int) and version > STATE_VERSION else ""
+        raise StateError(f"{name} cannot load this state: record version {version!r} is not the one this stoker "
+                         f"reads ({STATE_VERSION}{newer})")
+    wrote = state.get(_PART)
+    if wrote != part:
+        got = _PART_NAMES.get(wrote, repr(wrote)) if isinstance(wrote, str) else "a record that does not say"
+        raise StateError(f"{name} cannot load a state written by {got} (part {wrote!r}): expected one written "
+                         f"by {name} (part {part!r}); load each part's state into the same kind of part")
+    missing = [field for field in fields if field not in state]
+    if missing:
+        raise StateError(f"{name} cannot load this state: its record lacks {', '.join(map(repr, missing))}")
+    return {field: state[field] for field in fields}
+
+
+def checked(part: str, field: str, value: Any, allowed: Range) -> Any:
+    """``value`` of a record's ``field`` when ``allowed`` takes it (as a plain int or float); else
+    StateError naming the part, the field, the value and the range."""
+    if not allowed.accepts(value):
+        raise StateError(f"{_PART_NAMES.get(part, part)} cannot load this state: {field}={value!r} "
+                         f"must be {allowed.describe()}")
+    return int(value) if allowed.integer else float(value)
+
+
+def checked_choice(part: str, field: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """``value`` when it is one of ``allowed`` (and of the same type: True is not 1); else StateError."""
+    if not any(type(value) is type(choice) and value == choice for choice in allowed):
+        raise StateError(f"{_PART_NAMES.get(part, part)} cannot load this state: {field}={value!r} must be one of "
+                         f"{', '.join(map(repr, allowed))}")
+    return value
 
 
 @dataclass(frozen=True)
 class Position:
     """Where a reader is: the versioned record of every reader's state."""
 
-    reader: str  # "Loader" or "QuasiRandomSampler": their positions count different things
+    part: str  # "Loader" or "QuasiRandomSampler": their positions count different things
     dataset: str  # Manifest.digest() of the data set read
     seed: int
     epoch: int
     world_size: int
     rank: int
     batch_size: int | None  # None for a sampler (the DataLoader makes the batches)
+    order: str  # "quasi_random", "random" or "sequential" (a sampler: shuffle=True or False)
+    window: int | None  # blocks open at a time (quasi_random only; else None)
+    blocks: str | None  # the block layout, "<count> blocks #<digest>" (quasi_random only; else None)
+    drop_last: bool
     samples_done: int  # samples of this rank's share of ``epoch`` consumed
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain values (for torch.save or JSON)."""
-        return {_TAG: STATE_VERSION, **asdict(self)}
+        fields = asdict(self)
+        return record(fields.pop("part"), **fields)
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Position:
-        """Parse a saved record; StateError for anything that is not one this stoker wrote."""
-        if not isinstance(state, dict) or _TAG not in state:
-            raise StateError("this state was not saved by this version of stoker (no 'stoker_state' record): "
-                             "earlier versions shuffled differently, so it cannot be resumed exactly; "
-                             "call set_epoch() with the saved epoch to restart that epoch instead")
-        if state[_TAG] != STATE_VERSION:
-            raise StateError(f"state record version {state[_TAG]!r} is not supported (this stoker reads {STATE_VERSION})")
-        try:
-            return cls(**{name: state[name] for name in cls.__dataclass_fields__})
-        except KeyError as e:
-            raise StateError(f"state record lacks {e.args[0]!r}") from None
+    def from_dict(cls, state: Any, part: str) -> Position:
+        """Parse a record that reader ``part`` saved; StateError for anything else, for a version 1
+        record (it did not say which order it was saved in), and for a field out of range."""
+        if isinstance(state, dict) and _TAG not in state and "batches_done" in state:  # stoker before version 1
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: it was not saved by this version of stoker "
+                             "(no 'stoker_state' record): earlier versions shuffled differently, so it cannot be "
+                             "resumed exactly; call set_epoch() with the saved epoch to restart that epoch instead")
+        if isinstance(state, dict) and state.get(_TAG) == 1:
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: it is a version 1 record, which did not "
+                             "record the order it was saved in (order or shuffle, window, block layout, drop_last), "
+                             "so resuming it in another order could not be refused; call set_epoch("
+                             f"{state.get('epoch')!r}) to restart its epoch instead")
+        names = tuple(name for name in cls.__dataclass_fields__ if name != "part")
+        values = read_state(state, part, names)
+        world_size = checked(part, "world_size", values["world_size"], WORLD_SIZE)
+        if not isinstance(values["dataset"], str) or not values["dataset"]:
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: dataset={values['dataset']!r} must be "
+                             "the data set's manifest digest (a string)")
+        # stoker.data.epoch.ORDERS (the state sits below the data package, which imports it)
+        order = checked_choice(part, "order", values["order"], ("quasi_random", "random", "sequential"))
+        quasi = order == "quasi_random"
+        window, blocks = values["window"], values["blocks"]
+        if quasi != (window is not None) or quasi != (blocks is not None):
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: window={window!r} and blocks={blocks!r} "
+                             "must be given for order 'quasi_random' only, and are None for another order "
+                             f"(order={order!r})")
+        if quasi and not isinstance(blocks, str):
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: blocks={blocks!r} must be a string")
+        batch_size = values["batch_size"]
+        if part != "Loader" and batch_size is not None:
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: batch_size={batch_size!r} must be None "
+                             "(the DataLoader makes the batches)")
+        return cls(
+            part=part,
+            dataset=values["dataset"],
+            seed=checked(part, "seed", values["seed"], SEED),
+            epoch=checked(part, "epoch", values["epoch"], EPOCH),
+            world_size=world_size,
+            rank=checked(part, "rank", values["rank"], Range("rank", "", 0, world_size - 1)),
+            batch_size=checked(part, "batch_size", batch_size, BATCH_SIZE) if part == "Loader" else None,
+            order=order,
+            window=checked(part, "window", window, WINDOW) if quasi else None,
+            blocks=blocks,
+            drop_last=checked_choice(part, "drop_last", values["drop_last"], (False, True)),
+            samples_done=checked(part, "samples_done", values["samples_done"], COUNT),
+        )
 
     def check_fits(self, current: Position) -> None:
-        """Raise StateError if this saved position cannot be resumed by a reader at ``current``."""
-        for name, what in (("reader", "a reader of another kind"), ("dataset", "another data set"),
-                           ("world_size", "another world size"), ("batch_size", "another batch size")):
+        """Raise StateError if this saved position cannot be resumed by a reader at ``current`` (both
+        values named); warn (StateWarning) when its seed, which the reader takes, is not the reader's."""
+        reader = _PART_NAMES[current.part]
+        for name, what, hint in _MUST_MATCH:
             saved, now = getattr(self, name), getattr(current, name)
             if saved != now:
-                raise StateError(f"cannot resume: the state was saved for {what} ({name} {saved!r}, "
-                                 f"this {current.reader} has {now!r})")
+                raise StateError(f"cannot resume: the state was saved for {what} ({name} {saved!r}, {reader} has "
+                                 f"{now!r}){hint}")
+        if self.seed != current.seed:
+            warnings.warn(f"{reader} was built with seed={current.seed} and loads a state saved with seed={self.seed}: "
+                          f"it takes seed {self.seed}, so the resumed run goes on with the saved run's order and crops",
+                          StateWarning, stacklevel=3)
+
+
+# What a position must share with the reader that loads it: field, what differs, how to match it.
+_MUST_MATCH = (
+    ("dataset", "another data set", ""),
+    ("world_size", "another world size", ""),
+    ("batch_size", "another batch size", ""),
+    ("order", "another order", ": build it with the same order= (a QuasiRandomSampler: shuffle=True is "
+     "'quasi_random', shuffle=False 'sequential')"),
+    ("window", "another window", ": build it with the same window= (a node cache's cache_limit can lower it)"),
+    ("blocks", "another block layout", ": open the data set with the same block_bytes=, and a cache_limit that "
+     "holds all of it or the same part (a partial cache makes whole shards the blocks)"),
+    ("drop_last", "another drop_last", ": build it with the same drop_last="),
+)
 
 
 def state_of(loader: Any, consumed: int) -> dict[str, Any]:
     """The state of ``loader``: its own (a stoker reader or wrapper), or for a torch DataLoader its
     QuasiRandomSampler's after ``consumed`` samples of the current pass, as counted by the caller
     (a DataLoader's workers read ahead of the loop, so only the caller knows)."""
-    if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
+    if isinstance(loader, Stateful):
         return loader.state_dict()
     sampler = _sampler_of(loader)
     if sampler is None:
         raise TypeError(f"{type(loader).__name__} has no state to save: wrap a stoker.Loader, or a DataLoader "
                         "whose sampler is a stoker.QuasiRandomSampler")
-    return sampler.state_dict(consumed)
+    return sampler.state_dict(consumed)  # type: ignore[call-arg]  # a sampler's takes the count
 
 
 def load_state_of(loader: Any, state: dict[str, Any]) -> None:
     """Load ``state`` into ``loader`` (or, for a torch DataLoader, into its sampler)."""
-    target = loader if hasattr(loader, "load_state_dict") else _sampler_of(loader)
+    target = loader if isinstance(loader, Stateful) else _sampler_of(loader)
     if target is None:
         raise TypeError(f"{type(loader).__name__} has no state to load")
     target.load_state_dict(state)
@@ -111,14 +257,19 @@ def load_state_of(loader: Any, state: dict[str, Any]) -> None:
 
 def set_epoch_of(loader: Any, epoch: int) -> None:
     """Call ``set_epoch`` on ``loader``, or on a torch DataLoader's sampler, where there is one."""
-    target = loader if hasattr(loader, "set_epoch") else _sampler_of(loader, "set_epoch")
-    if target is not None:
-        target.set_epoch(epoch)
+    if isinstance(loader, EpochAware):
+        loader.set_epoch(epoch)
+        return
+    for sampler in _samplers_of(loader):
+        if isinstance(sampler, EpochAware):
+            sampler.set_epoch(epoch)
+            return
 
 
-def _sampler_of(loader: Any, method: str = "state_dict") -> Any | None:
-    """The sampler of a torch DataLoader (given as ``sampler=`` or inside a ``batch_sampler``) with ``method``."""
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        if hasattr(sampler, method):
-            return sampler
-    return None
+def _sampler_of(loader: Any) -> Stateful | None:
+    """The stateful sampler of a torch DataLoader (given as ``sampler=`` or inside a ``batch_sampler``)."""
+    return next((sampler for sampler in _samplers_of(loader) if isinstance(sampler, Stateful)), None)
+
+
+def _samplers_of(loader: Any) -> tuple[Any, Any]:
+    return getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)

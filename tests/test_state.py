@@ -155,7 +155,7 @@ def test_a_state_for_other_data_world_size_or_batch_size_is_refused(packed, phot
     cases = {"another data set": stoker.Loader(stoker.ShardDataset(other), BATCH, crop=CROP),
              "another world size": stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2),
              "another batch size": stoker.Loader(dataset, BATCH * 2, crop=CROP),
-             "a reader of another kind": stoker.QuasiRandomSampler(dataset)}
+             "written by a stoker.Loader": stoker.QuasiRandomSampler(dataset)}
     for what, reader in cases.items():
         with pytest.raises(StateError, match=what):
             reader.load_state_dict(state)

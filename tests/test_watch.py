@@ -1,4 +1,4 @@
-"""stoker.doctor.watch: wait vs step timing, the log line, stalls, timeline files, pass-through of batches."""
+"""stoker.watch: wait vs step timing, the log line, stalls, timeline files, pass-through of batches."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import stoker
-from stoker.doctor.watch import WatchSummary, watch
+from stoker.watch import WatchSummary, watch
 
 
 def slow_batches(n: int, wait: float, slow: dict[int, float] | None = None):

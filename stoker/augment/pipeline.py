@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from stoker.augment.geometry import (
     VerticalFlip,
     sample,
 )
+from stoker.state import COUNT, EPOCH, SEED, checked, read_state, record
 
 Geometric = RandomResizedCrop | CenterCrop | Resize | HorizontalFlip | VerticalFlip | Affine
 Photometric = ColorJitter | Grayscale | GaussianBlur | Normalize
@@ -173,13 +174,19 @@ class Augment:
         if epoch != self.epoch:
             self.epoch, self._calls = epoch, 0
 
-    def state_dict(self) -> dict[str, int | None]:
-        """Seed, epoch and calls so far: what the next call's parameters are drawn from."""
-        return {"seed": self.seed, "epoch": self.epoch, "calls": self._calls}
+    def state_dict(self) -> dict[str, Any]:
+        """Seed, epoch and calls so far: what the next call's parameters are drawn from (a record
+        of :mod:`stoker.state`, saying that an Augment wrote it)."""
+        return record("Augment", seed=self.seed, epoch=self.epoch, calls=self._calls)
 
-    def load_state_dict(self, state: dict[str, int | None]) -> None:
-        """Continue from a :meth:`state_dict`: the next call draws what it would have drawn then."""
-        self.seed, self.epoch, self._calls = state["seed"], int(state["epoch"] or 0), int(state["calls"] or 0)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next call draws what it would have drawn then.
+        Another part's state, or a value out of range, is refused (StateError); a state saved by the
+        previous format (no record tag) is taken, checked the same way."""
+        saved = read_state(state, "Augment", ("seed", "epoch", "calls"), version_1=True)
+        seed = None if saved["seed"] is None else checked("Augment", "seed", saved["seed"], SEED)
+        epoch = checked("Augment", "epoch", saved["epoch"], EPOCH)
+        self.seed, self.epoch, self._calls = seed, epoch, checked("Augment", "calls", saved["calls"], COUNT)
 
     def _images(self, images: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor | list[torch.Tensor], int, int]:
         """The input as (C, H, W) images (a (n, C, H, W) view of a batch, or a list), the number of

@@ -10,6 +10,7 @@ function of its arguments.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +56,16 @@ def plan_epoch(bounds: np.ndarray, *, order: Order, window: int, seed: int, epoc
     if not 0 <= start <= len(share):
         raise ValueError(f"start {start} is outside this rank's share of {len(share)} samples")
     return EpochPlan(epoch, share, start)
+
+
+def order_settings(bounds: np.ndarray, order: Order, window: int) -> tuple[int | None, str | None]:
+    """What besides seed, epoch, ranks and ``drop_last`` decides an ``order``'s epochs, as a resume
+    state records it: for ``quasi_random``, ``window`` and the block layout (``"<count> blocks
+    #<digest of bounds>"``); for the other orders nothing (None, None)."""
+    if order != "quasi_random":
+        return None, None
+    digest = hashlib.blake2b(np.asarray(bounds, dtype="<i8").tobytes(), digest_size=8).hexdigest()
+    return window, f"{len(bounds) - 1} blocks #{digest}"
 
 
 def share_length(num_samples: int, world_size: int, drop_last: bool) -> int:

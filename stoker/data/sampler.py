@@ -9,7 +9,7 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import EpochPlan, plan_epoch, resolve_rank, share_length
+from stoker.data.epoch import EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
 from stoker.state import Position, StateError
 
@@ -84,8 +84,10 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next pass yields the rest of ``state``'s epoch, the passes after it whole epochs.
-        A state saved for another data set, world size or by a Loader is refused (StateError)."""
-        saved = Position.from_dict(state)
+        A state saved for another data set, world size, order (``shuffle``, ``window``, the data
+        set's blocks, ``drop_last``) or by another part is refused (StateError); the state's seed
+        is taken (a StateWarning when it is not this sampler's)."""
+        saved = Position.from_dict(state, "QuasiRandomSampler")
         saved.check_fits(self._position(0))
         if not 0 <= saved.samples_done <= self._share_length():
             raise StateError(f"samples_done={saved.samples_done} is outside this rank's share of "
@@ -115,13 +117,16 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         return self._share_length() - (0 if self._pass_done else self._pass_start)
 
     def _plan(self, start: int = 0) -> EpochPlan:
-        return plan_epoch(self.bounds, order="quasi_random" if self.shuffle else "sequential", window=self.window,
-                          seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.num_replicas,
-                          drop_last=self.drop_last, start=start)
+        return plan_epoch(self.bounds, order=self._order(), window=self.window, seed=self.seed, epoch=self.epoch,
+                          rank=self.rank, world_size=self.num_replicas, drop_last=self.drop_last, start=start)
+
+    def _order(self) -> Order:
+        return "quasi_random" if self.shuffle else "sequential"
 
     def _position(self, samples_done: int) -> Position:
+        window, blocks = order_settings(self.bounds, self._order(), self.window)
         return Position("QuasiRandomSampler", self._dataset, self.seed, self.epoch, self.num_replicas, self.rank,
-                        None, samples_done)
+                        None, self._order(), window, blocks, self.drop_last, samples_done)
 
     def _share_length(self) -> int:
         return share_length(self.total_samples, self.num_replicas, self.drop_last)

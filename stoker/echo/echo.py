@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from stoker.echo.examples import ExampleBuffer, batch_size, examples_in, flatten
-from stoker.state import load_state_of, set_epoch_of, state_of
+from stoker.state import COUNT, SECONDS, StateError, Stateful, checked, load_state_of, read_state, record, set_epoch_of, state_of
 
 _END = object()
 
@@ -77,7 +77,7 @@ class Echo:
         self._wait_s = self._step_s = 0.0
         # What the loop consumed of the loader: its state after the last fresh batch served (a
         # stateful loader), and the fresh examples served in this pass (for a DataLoader's sampler).
-        self._stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+        self._stateful = isinstance(loader, Stateful)
         self._consumed_state: dict[str, Any] | None = None
         self._fresh_in_pass = 0
 
@@ -106,15 +106,30 @@ class Echo:
         loader = self._consumed_state if self._stateful else state_of(self.loader, self._fresh_in_pass)
         if loader is None:  # no pass yet: the loader has not moved
             loader = state_of(self.loader, 0)
-        return {"loader": loader, "counts": self._counts.tolist(), "wait_s": self._wait_s, "step_s": self._step_s,
-                "rng": self.rng.bit_generator.state}
+        return record("Echo", loader=loader, counts=self._counts.tolist(), wait_s=self._wait_s, step_s=self._step_s,
+                      rng=self.rng.bit_generator.state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the wrapped loader resumes after the last fresh batch served."""
-        load_state_of(self.loader, state["loader"])
-        self._counts = np.array(state["counts"], dtype=np.int64)
-        self._wait_s, self._step_s = state["wait_s"], state["step_s"]
-        self.rng.bit_generator.state = state["rng"]
+        """Continue from a :meth:`state_dict`: the wrapped loader resumes after the last fresh batch
+        served. Another part's state, or a value out of range, is refused (StateError) before
+        anything is loaded; a state saved by the previous format (no record tag) is taken, checked."""
+        saved = read_state(state, "Echo", ("loader", "counts", "wait_s", "step_s", "rng"), version_1=True)
+        counts = saved["counts"]
+        if not isinstance(counts, list | tuple) or len(counts) != 4:
+            raise StateError(f"stoker.echo cannot load this state: counts={counts!r} must be 4 counts (fresh batches, "
+                             "echoed batches, fresh examples, echoed examples)")
+        counts = [checked("Echo", f"counts[{i}]", count, COUNT) for i, count in enumerate(counts)]
+        wait_s, step_s = (checked("Echo", name, saved[name], SECONDS) for name in ("wait_s", "step_s"))
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = saved["rng"]
+        except (TypeError, ValueError, KeyError) as e:
+            raise StateError(f"stoker.echo cannot load this state: rng={saved['rng']!r} is not the state of a "
+                             f"{type(rng.bit_generator).__name__} generator ({e})") from None
+        load_state_of(self.loader, saved["loader"])
+        self._counts = np.array(counts, dtype=np.int64)
+        self._wait_s, self._step_s = wait_s, step_s
+        self.rng.bit_generator.state = rng.bit_generator.state
         self._consumed_state, self._fresh_in_pass = None, 0
 
     def __iter__(self) -> Iterator[Any]:

@@ -37,8 +37,11 @@ def mapped_pixels(shape: tuple[int, ...], memory: mmap.mmap | None = None) -> to
     160 px (19.7 MB each) took the Loader's peak PSS from 293 to ~480 MB that way. The pages are
     mapped in at once (MAP_POPULATE): faulting them in one by one while decoding into them cost
     ~150 us per 230 KB frame here (decoding into a batch of 16 clips of 320x240: 439 us per frame;
-    populated: 314; reused memory: 283)."""
+    populated: 314; reused memory: 283). A shape of no bytes (the Loader's batch of whole images,
+    which keeps its pixels per sample) gets an empty tensor: there is nothing to map."""
     nbytes = math.prod(shape)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=torch.uint8)
     if memory is None:
         memory = _anonymous_map(nbytes)
     return torch.frombuffer(memory, dtype=torch.uint8, count=nbytes).view(shape)

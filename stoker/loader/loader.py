@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
+from stoker.data.epoch import ORDERS, EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
@@ -205,9 +205,11 @@ class Loader:
         return self._record(self.epoch, self._position).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`. A state saved for another data set, world size or
-        batch size, or by a sampler, is refused (StateError)."""
-        saved = Position.from_dict(state)
+        """Continue from a :meth:`state_dict`. A state saved for another data set, world size, batch
+        size, order (``order``, ``window``, the data set's blocks, ``drop_last``) or by another part
+        is refused (StateError); the state's seed is taken (a StateWarning when it is not this
+        loader's)."""
+        saved = Position.from_dict(state, "Loader")
         saved.check_fits(self._record(0, 0))
         if saved.samples_done % self.batch_size and saved.samples_done != self._epoch_samples():
             raise StateError(f"samples_done={saved.samples_done} is not at a batch boundary (batch size {self.batch_size})")
@@ -320,8 +322,9 @@ class Loader:
         return min(share, len(self) * self.batch_size)
 
     def _record(self, epoch: int, samples_done: int) -> Position:
+        window, blocks = order_settings(self._bounds, self.order, self.window)
         return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
-                        samples_done)
+                        self.order, window, blocks, self.drop_last, samples_done)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
                 ahead: Lookahead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:

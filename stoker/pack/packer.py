@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stoker.errors import OptionError, PackError
+from stoker.errors import OptionError, PackError, PackMismatchError
 from stoker.format import (
     DEFAULT_SHARD_BYTES,
     MANIFEST_NAME,
@@ -237,8 +237,7 @@ def _span_of(source: Source, i: int) -> tuple:
 def _existing_result(manifest: Manifest, dst: Path, plan_digest: str, started: float) -> PackResult:
     """A finished data set is reused when it was made from the same listing and options."""
     if manifest.source.get("plan") != plan_digest:
-        raise PackError(f"{dst}: already holds a stoker data set made from other input or options; "
-                        "pack into a new folder or delete it first")
+        raise PackMismatchError(str(dst))
     return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
                       0, [], len(manifest.shards), time.perf_counter() - started,
                       skipped_extensions=manifest.source.get("skipped_extensions", {}),

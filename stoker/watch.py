@@ -1,4 +1,4 @@
-"""Watch a training loop: per step, how long it waited for data and how long the step itself took.
+"""stoker.watch: watch a training loop: per step, how long it waited for data and how long the step itself took.
 
     for images, labels in stoker.watch(loader, every=100, log=print):
         ...   # every 100 steps: "stoker.watch: steps 101-200: data wait 37.2% (...), 2 stalls > 100 ms ..."
@@ -23,7 +23,7 @@ from typing import IO, Any, Generic, TypeVar
 import numpy as np
 
 from stoker.echo.examples import examples_in
-from stoker.state import load_state_of, set_epoch_of, state_of
+from stoker.state import COUNT, SECONDS, StateError, Stateful, checked, load_state_of, read_state, record, set_epoch_of, state_of
 
 T = TypeVar("T")
 
@@ -45,6 +45,11 @@ class WatchSummary:
     batches_per_s: float
     stalls: int
     max_wait_s: float
+
+
+# The totals a state holds that the others are computed from, in _summary's order, and their ranges.
+_SAVED_TOTALS = ("steps", "wait_s", "step_s", "stalls", "max_wait_s")
+_TOTAL_RANGES = {"steps": COUNT, "wait_s": SECONDS, "step_s": SECONDS, "stalls": COUNT, "max_wait_s": SECONDS}
 
 
 def _summary(steps: int, wait_s: float, step_s: float, stalls: int, max_wait_s: float) -> WatchSummary:
@@ -79,7 +84,7 @@ class Watched(Generic[T]):
         self._first, self._n, self._written = 1, 0, 0
         self._done = _summary(0, 0.0, 0.0, 0, 0.0)  # every closed window, folded
         # Examples handed over in this pass: a DataLoader's sampler needs them for its state.
-        self._count_examples = not (hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"))
+        self._count_examples = not isinstance(loader, Stateful)
         self._examples_in_pass = 0
 
     def __len__(self) -> int:
@@ -99,12 +104,20 @@ class Watched(Generic[T]):
     def state_dict(self) -> dict[str, Any]:
         """The wrapped loader's state (for a DataLoader, its sampler's after the batches handed
         over), and the totals so far, so that a resumed run goes on counting steps."""
-        return {"loader": state_of(self.loader, self._examples_in_pass), "totals": asdict(self.summary())}
+        return record("Watched", loader=state_of(self.loader, self._examples_in_pass), totals=asdict(self.summary()))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the wrapped loader, and the step count and totals, from a :meth:`state_dict`."""
-        load_state_of(self.loader, state["loader"])
-        self._done = WatchSummary(**state["totals"])
+        """Resume the wrapped loader, and the step count and totals, from a :meth:`state_dict`.
+        Another part's state, or totals out of range, are refused (StateError) before anything is
+        loaded; a state saved by the previous format (no record tag) is taken, checked. The derived
+        totals (fraction, rate) are computed again from the counts and times."""
+        saved = read_state(state, "Watched", ("loader", "totals"), version_1=True)
+        totals = saved["totals"]
+        if not isinstance(totals, dict) or any(name not in totals for name in _SAVED_TOTALS):
+            raise StateError(f"stoker.watch cannot load this state: totals={totals!r} must hold {', '.join(_SAVED_TOTALS)}")
+        done = _summary(*(checked("Watched", f"totals.{name}", totals[name], _TOTAL_RANGES[name]) for name in _SAVED_TOTALS))
+        load_state_of(self.loader, saved["loader"])
+        self._done = done
         self._first, self._n, self._written = self._done.steps + 1, 0, 0
         self._examples_in_pass = 0
 
