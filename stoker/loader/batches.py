@@ -9,8 +9,10 @@ those numbers too, and each thread augments the images it decoded, right after d
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +34,18 @@ _READ_BUFFER_BYTES = 16 << 20
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 OnError = Literal["raise", "skip"]
 log = logging.getLogger("stoker.loader")
+
+
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # per (process id, threads): made on first use
+
+
+def _process_pool(threads: int) -> ThreadPoolExecutor:
+    """This process's pool of ``threads`` threads for :meth:`BatchMaker.make` (kept for the
+    worker's life; a forked child makes its own: the parent's threads are not in it)."""
+    key = (os.getpid(), threads)
+    if key not in _pools:
+        _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="stoker-worker")
+    return _pools[key]
 
 
 @dataclass(frozen=True)
@@ -249,17 +263,25 @@ class BatchMaker:
             raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "
                                  "a DataLoader could not collate them either") from None
 
-    def make(self, epoch: int, number: int, indices: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
-        """A whole batch, made by the calling thread (a worker process's job), and how many damaged
-        samples it skipped. The process's own random generators (torch's, Python's), which
-        per-sample transforms draw from, are seeded from the batch's numbers first, so the batch is
-        the same whichever worker makes it."""
+    def make(self, epoch: int, number: int, indices: np.ndarray,
+             threads: int = 1) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """A whole batch, made by the calling thread and ``threads`` - 1 more of this process (a
+        worker process's job), and how many damaged samples it skipped. The process's own random
+        generators (torch's, Python's), which per-sample transforms draw from, are seeded from the
+        batch's numbers first, so the batch is the same whichever worker makes it (with one thread;
+        with more, which sample draws first depends on the threads)."""
         if self.transform is not None:
             seed = int(np.random.SeedSequence([self.seed, epoch, self.batch_key(number)]).generate_state(1)[0])
             torch.manual_seed(seed)
             random.seed(seed)
         batch = self.start(epoch, number, indices, shared=True)
-        self.fill(batch, np.arange(len(indices)))
+        positions = np.arange(len(indices))
+        if threads > 1:
+            chunks = [positions[t::threads] for t in range(min(threads, len(positions)))]
+            for future in [_process_pool(threads).submit(self.fill, batch, chunk) for chunk in chunks]:
+                future.result()
+        else:
+            self.fill(batch, positions)
         return self.finish(batch), int(batch.replaced.sum())
 
     def _transform(self, index: int, image: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, T
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
+from stoker.errors import StokerError
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
@@ -79,8 +80,10 @@ class Loader:
     (T, 3, H, W) for a clip (what torchvision v2 transforms take), and returns a tensor; the
     batch is those tensors stacked, and ``layout`` no longer applies. A transform that holds the
     GIL (most Python code) serializes the threads: give ``processes=N`` to make batches in N
-    worker processes instead (``mp_context``: ``fork``, ``spawn`` or ``forkserver``; default the
-    platform's).
+    worker processes instead, each with ``threads`` threads (default 1; ``mp_context``: ``fork``,
+    ``spawn`` or ``forkserver``; default the platform's). The batches are the same whatever
+    ``processes`` and ``threads`` are, except for what per-sample random ops draw with several
+    threads in a process (from the global generators, in the order the threads run).
 
     ``decode="gpu"``: the threads only read bytes, and the GPU (``device``, default this rank's:
     see :func:`stoker.augment.default_device`) decodes each batch with nvJPEG and crops it there
@@ -136,8 +139,13 @@ class Loader:
         self.order = order
         # One more thread than cores: a thread waiting on the disk then leaves no core idle. Measured
         # here (2 cores, HDD profile, cold cache) 3 threads gave ~1,320 img/s against ~1,210 for 2;
-        # with a warm cache the two were within noise (2,036 and 1,999).
-        self.threads = threads or (os.cpu_count() or 1) + 1
+        # with a warm cache the two were within noise (2,036 and 1,999). With processes: threads
+        # per process, 1 unless given.
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        if processes < 0:
+            raise ValueError(f"processes must be 0 (threads only) or more, got {processes}")
+        self.threads = threads or (1 if processes else (os.cpu_count() or 1) + 1)
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
@@ -178,7 +186,7 @@ class Loader:
         else:
             where = "stoker.augment on the CPU, each image by the loader thread that decoded it, parameters drawn per batch"
         if self.processes:
-            where += f", in {self.processes} worker processes"
+            where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
         text = head + "\n" + self._transform_plan.explain(where)
         if self._transform_plan.per_sample and self.processes == 0:
@@ -301,10 +309,13 @@ class Loader:
         numbers = range(plan.start // self.batch_size, len(self))
         queued = self.prefetch * self.processes
         hints.submit(ahead.advance, 0)
-        workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size), batch_size=None,
+        workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size, self.threads), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
                              multiprocessing_context=self.mp_context)
-        for batch, (made, skipped) in zip(numbers, workers):
+        for batch, (made, skipped, error) in zip(numbers, workers):
+            if error is not None:
+                raise error
+            assert made is not None
             hints.submit(ahead.advance, (batch + queued) * self.batch_size - plan.start)
             yield batch, made, skipped
 
@@ -358,14 +369,21 @@ class Loader:
 
 
 class _EpochBatches(Dataset):
-    """Batch ``b`` of one epoch, as a map-style data set: what each worker process makes."""
+    """Batch ``b`` of one epoch, as a map-style data set: what each worker process makes, with
+    ``threads`` threads. A StokerError comes back as a value, raised again as it is in the loop's
+    process (a DataLoader re-raises a worker's exception by calling its type with the message alone,
+    which stoker's errors with fields do not take: the user would get a RuntimeError)."""
 
-    def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int) -> None:
-        self.maker, self.epoch, self.share, self.batch_size = maker, epoch, share, batch_size
+    def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int, threads: int) -> None:
+        self.maker, self.epoch, self.share, self.batch_size, self.threads = maker, epoch, share, batch_size, threads
 
-    def __getitem__(self, number: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    def __getitem__(self, number: int) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, int, StokerError | None]:
         indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
-        return self.maker.make(self.epoch, number, indices)
+        try:
+            made, skipped = self.maker.make(self.epoch, number, indices, self.threads)
+        except StokerError as e:
+            return None, 0, e
+        return made, skipped, None
 
 
 def _plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,
