@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, plan_epoch, resolve_rank, share_length
-from stoker.data.readahead import Lookahead
+from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
@@ -162,8 +162,8 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
-        self._bounds = dataset.shards.block_bounds()
-        self.window = dataset.shards.open_blocks(window)
+        self._bounds = block_bounds_of(dataset.shards)
+        self.window = open_blocks(dataset.shards, window)
         self.epoch = 0
         self._position = 0  # samples of this epoch's share yielded
         self._dataset = dataset.shards.manifest.digest()
