@@ -36,6 +36,7 @@ from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
+from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
 from stoker.state import Position, StateError
 
@@ -224,7 +225,7 @@ class Loader:
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         maker = self._batch_maker()
         make = self._in_processes if self.processes > 0 else self._in_threads
-        batches = make(maker, plan, hints, ahead)
+        batches = with_one_opencv_thread(make(maker, plan, hints, ahead))  # the pass runs its own threads
         try:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
@@ -301,7 +302,7 @@ class Loader:
         hints.submit(ahead.advance, 0)
         workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
-                             multiprocessing_context=self.mp_context)
+                             multiprocessing_context=self.mp_context, worker_init_fn=one_opencv_thread_in_worker)
         for batch, (made, skipped) in zip(numbers, workers):
             hints.submit(ahead.advance, (batch + queued) * self.batch_size - plan.start)
             yield batch, made, skipped
