@@ -22,7 +22,7 @@ import numpy as np
 from torch.utils.data import DataLoader, SubsetRandomSampler
 
 from stoker import QuasiRandomSampler, ShardDataset
-from stoker.data.folder import FolderDataset
+from stoker.bench.folder import FolderDataset
 from stoker.doctor import time_loader
 from stoker.storage import evict
 

@@ -67,11 +67,12 @@ def rest_bytes(shards: Path, at: float) -> int:
     import numpy as np
 
     import stoker
+    from stoker.data.readahead import block_bounds_of
 
     dataset = stoker.ShardDataset(shards)
     loader = stoker.Loader(dataset, BATCH, threads=3)
     order = loader.indices(0)[int(len(loader) * at) * BATCH :]
-    bounds = dataset.shards.block_bounds()
+    bounds = block_bounds_of(dataset.shards)
     total = 0
     for block in np.unique(np.searchsorted(bounds, order, side="right") - 1):
         shard, first = dataset.shards.locate(int(bounds[block]))

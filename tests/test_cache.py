@@ -16,6 +16,7 @@ import pytest
 import torch.utils.data
 
 import stoker
+from stoker.data.readahead import open_blocks
 from stoker.errors import RemoteError
 from stoker.format import file_checksum, read_manifest
 from stoker.storage.cache import ShardCache
@@ -181,7 +182,7 @@ def test_a_limit_smaller_than_the_data_set_is_never_exceeded(s3, remote, packed,
     assert len(peaks) > 10 and max(peaks) <= limit
     assert max(peaks) > 2 * max(sizes)  # the cache was used, not bypassed
     assert s3.gets(".tar") - before >= len(sizes)  # shards left and came back in time
-    assert dataset.shards.open_blocks(16) == 2  # whole shards shuffled, two open: half of the limit
+    assert open_blocks(dataset.shards, 16) == 2  # whole shards shuffled, two open: half of the limit
 
 
 def read_all_in_a_process(url, options, cache_dir, xdg, queue):

@@ -93,3 +93,14 @@ def test_nothing_imports_the_package_root():
     # The benchmark's reader scripts run in processes of their own and use the public API as a user does.
     users = [name for name, targets in GRAPH.items() if "stoker" in targets and name != "stoker"]
     assert [name for name in users if not name.startswith("stoker.bench.readers.")] == []
+
+
+def test_augment_stands_on_its_own():
+    # The loader imports augment and never the other way; augment and the loader share only the
+    # crop rule (stoker.boxes), which imports nothing of stoker; Augment's state follows the one
+    # resume protocol (stoker.state, with its ranges and errors).
+    assert GRAPH["stoker.boxes"] == set()
+    for name, targets in GRAPH.items():
+        if subpackage(name) == "stoker.augment":
+            allowed = {"stoker.augment", "stoker.boxes", "stoker.state", "stoker.ranges", "stoker.errors"}
+            assert {subpackage(t) for t in targets} <= allowed, name

@@ -21,6 +21,7 @@ import torch.utils.data
 
 import stoker
 from stoker import augment as A
+from stoker.data.readahead import block_bounds_of
 from stoker.state import StateError
 from stoker.storage import evict, resident_pages
 
@@ -210,7 +211,7 @@ def test_a_resume_reads_only_the_rest_of_the_epoch(packed, tmp_path):
     resumed = stoker.Loader(dataset, BATCH, crop=CROP, window=2, threads=2)
     resumed.load_state_dict(state)
     assert sum(1 for _ in resumed) == len(first) - len(first) // 2
-    bounds = dataset.shards.block_bounds()
+    bounds = block_bounds_of(dataset.shards)
     order = first.indices(0)
     block_of = np.searchsorted(bounds, order, side="right") - 1
     done = state["samples_done"]

@@ -11,7 +11,6 @@ are drawn per sample with numpy, on the host: a batch's draws are a few hundred 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,6 +18,8 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from stoker.boxes import CROP_TRIES, random_resized_box
 
 Size = tuple[np.ndarray, np.ndarray]  # (heights, widths), one per sample
 
@@ -40,30 +41,21 @@ def _scale_map(top: np.ndarray, left: np.ndarray, height: np.ndarray, width: np.
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """A random box of ``scale`` of the area and aspect ``ratio``, resized to ``size`` (as
-    torchvision's RandomResizedCrop: 10 tries per sample, then a central crop)."""
+    torchvision's RandomResizedCrop: 10 tries per sample, then a central crop). The boxes follow
+    :func:`stoker.boxes.random_resized_box`, stoker.Loader's rule: per sample 10 tries of 4
+    uniforms (area, log aspect, top, left), the first box that fits is taken."""
 
     size: int | tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
     def draw(self, rng: np.random.Generator, size: Size) -> tuple[np.ndarray, Size]:
-        h, w = (s.astype(np.float64) for s in size)
-        n, tries = len(h), 10
-        area = (h * w)[:, None] * rng.uniform(*self.scale, (n, tries))
-        aspect = np.exp(rng.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), (n, tries)))
-        cw, ch = np.round(np.sqrt(area * aspect)), np.round(np.sqrt(area / aspect))
-        fits = (cw > 0) & (ch > 0) & (cw <= w[:, None]) & (ch <= h[:, None])
-        first = np.argmax(fits, axis=1)
-        rows = np.arange(n)
-        cw, ch, found = cw[rows, first], ch[rows, first], fits[rows, first]
-        # fallback: the whole image with the aspect clamped into ratio, centred
-        fw = np.where(w / h < self.ratio[0], w, np.where(w / h > self.ratio[1], np.round(h * self.ratio[1]), w))
-        fh = np.where(w / h < self.ratio[0], np.round(w / self.ratio[0]), h)
-        cw, ch = np.where(found, cw, fw), np.where(found, ch, fh)
-        top = np.where(found, np.floor(rng.random(n) * (h - ch + 1)), (h - ch) // 2)
-        left = np.where(found, np.floor(rng.random(n) * (w - cw + 1)), (w - cw) // 2)
+        tries = rng.random((len(size[0]), CROP_TRIES, 4))
+        boxes = np.array([random_resized_box(int(h), int(w), self.scale, self.ratio, t)
+                          for h, w, t in zip(size[0], size[1], tries)], dtype=np.float64).reshape(-1, 4)
+        top, left, ch, cw = boxes.T
         out = _pair(self.size)
-        return _scale_map(top, left, ch, cw, out), _out_size(out, n)
+        return _scale_map(top, left, ch, cw, out), _out_size(out, len(boxes))
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,36 @@
-"""Reading ahead of an order: ask the kernel for each block before its first sample is needed."""
+"""Reading ahead of an order, all in one place: the blocks an order shuffles and how many it keeps
+open, kernel hints for each block before its first sample is needed, or with a node cache a
+stager copying whole shards into it in the order they are needed. A :class:`ShardSet` only
+reads; this module decides what to read next."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from stoker.data.order import block_schedule
+from stoker.data.order import block_bounds, block_schedule, shard_schedule
 from stoker.data.shards import ShardSet
+from stoker.storage.stager import Stager
+
+
+def block_bounds_of(shards: ShardSet) -> np.ndarray:
+    """Block boundaries over all samples of ``shards`` (see :func:`stoker.data.order.block_bounds`):
+    of ``block_bytes``, or whole shards when ``cache_limit`` holds only part of the data set, so
+    that an order keeps few shards open and each is cached, read and evicted as a whole."""
+    counts = np.diff(shards.starts)
+    unit = shards.block_bytes
+    if shards.cache is not None and shards.cache.holds_part:
+        unit = max((entry.bytes for entry in shards.manifest.shards), default=0) + 1
+    return block_bounds(np.repeat(np.arange(len(counts)), counts), shards.column("start"), unit)
+
+
+def open_blocks(shards: ShardSet, window: int) -> int:
+    """How many blocks an order over ``shards`` may keep open at once: ``window``, or when
+    ``cache_limit`` holds only part of the data set, as many whole shards as fill half of it (the
+    other half is for the shards staged next)."""
+    if shards.cache is None or not shards.cache.holds_part:
+        return window
+    largest = max((entry.bytes for entry in shards.manifest.shards), default=1)
+    return max(1, min(window, shards.cache.limit // (2 * largest)))
 
 
 class BlockReadahead:
@@ -30,7 +55,9 @@ class BlockReadahead:
         """The caller is about to read ``order[position:]``: hint every block needed before ``position + ahead``."""
         while self._next < len(self.blocks) and self.first_needed[self._next] < position + self.ahead:
             block = int(self.blocks[self._next])
-            self.shards.readahead(int(self.bounds[block]), int(self.bounds[block + 1]))
+            start, stop = int(self.bounds[block]), int(self.bounds[block + 1])
+            shard, local = self.shards.locate(start)  # a block lies within one shard
+            self.shards.reader(shard).readahead(local, local + (stop - start) - 1)
             self._next += 1
 
     def arrival_order(self, indices: np.ndarray) -> np.ndarray:
@@ -49,7 +76,9 @@ class Lookahead:
 
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
                  hint_blocks: bool = True) -> None:
-        self.stager = shards.stage_ahead(order)
+        cache = shards.cache
+        self.stager = (Stager(cache, *shard_schedule(shards.starts, order), ahead=shards.cache_ahead)
+                       if cache is not None else None)
         self.blocks = BlockReadahead(shards, bounds, order, window) if hint_blocks and self.stager is None else None
 
     def advance(self, position: int) -> None:

@@ -10,7 +10,7 @@ import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
-from stoker.data.readahead import Lookahead
+from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.state import Position, StateError
 
 _HINT_EVERY = 64
@@ -51,8 +51,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"window must be at least 1, got {window}")
         self.rank, self.num_replicas = resolve_rank(rank, num_replicas)
         self.shards = dataset.shards
-        self.bounds = self.shards.block_bounds()
-        self.window = self.shards.open_blocks(window)
+        self.bounds = block_bounds_of(self.shards)
+        self.window = open_blocks(self.shards, window)
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last

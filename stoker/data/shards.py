@@ -3,7 +3,8 @@
 
 Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
 at most ``max_open_shards`` at a time, and pickling carries only the path and options, so a
-ShardSet works under fork and spawn alike and with thousands of shards.
+ShardSet works under fork and spawn alike and with thousands of shards. Reading ahead of an
+order (its blocks, kernel hints, staging into the node cache) is :mod:`stoker.data.readahead`'s.
 """
 
 from __future__ import annotations
@@ -18,18 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.data.order import block_bounds, shard_schedule
 from stoker.data.readers import CachedShardReader, RemoteShardReader, ShardReader
 from stoker.format import Manifest, ShardIndex, read_manifest
 from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
 from stoker.storage.remote import RemoteData, is_url
-from stoker.storage.stager import Stager
 
 log = logging.getLogger("stoker.data")
 
-# Samples are grouped into blocks of this many bytes of a shard; QuasiRandomSampler shuffles
-# blocks and asks the kernel to read each block whole, so a spinning disk sees large reads.
+# Samples are grouped into blocks of this many bytes of a shard (see stoker.data.readahead): orders
+# shuffle blocks and ask the kernel to read each block whole, so a spinning disk sees large reads.
 DEFAULT_BLOCK_BYTES = 8 << 20
 # Each open shard holds two file descriptors (the shard, and the index's memory map).
 DEFAULT_MAX_OPEN_SHARDS = 128
@@ -118,37 +117,6 @@ class ShardSet:
         reader = self.reader(shard)
         return {reader.index.fields[int(m["field"])]: reader.read_member(local, m)
                 for m in reader.index.sample_members(local)}
-
-    def readahead(self, start: int, stop: int) -> None:
-        """Start reading global samples ``start:stop`` (all in one shard) in the background."""
-        shard, local = self.locate(start)
-        self.reader(shard).readahead(local, local + (stop - start) - 1)
-
-    def block_bounds(self) -> np.ndarray:
-        """Block boundaries over all samples (see :func:`stoker.data.order.block_bounds`): of
-        ``block_bytes``, or whole shards when ``cache_limit`` holds only part of the data set, so
-        that an order keeps few shards open and each is cached, read and evicted as a whole."""
-        counts = np.diff(self.starts)
-        unit = self.block_bytes
-        if self.cache is not None and self.cache.holds_part:
-            unit = max((entry.bytes for entry in self.manifest.shards), default=0) + 1
-        return block_bounds(np.repeat(np.arange(len(counts)), counts), self.column("start"), unit)
-
-    def stage_ahead(self, order: np.ndarray) -> Stager | None:
-        """With a node cache: start a :class:`Stager` that copies the shards ``order`` reads into
-        it, in that order (None without a cache)."""
-        if self.cache is None:
-            return None
-        return Stager(self.cache, *shard_schedule(self.starts, order), ahead=self.cache_ahead)
-
-    def open_blocks(self, window: int) -> int:
-        """How many blocks an order may keep open at once: ``window``, or when ``cache_limit``
-        holds only part of the data set, as many whole shards as fill half of it (the other half
-        is for the shards staged next)."""
-        if self.cache is None or not self.cache.holds_part:
-            return window
-        largest = max((entry.bytes for entry in self.manifest.shards), default=1)
-        return max(1, min(window, self.cache.limit // (2 * largest)))
 
     def column(self, name: str) -> np.ndarray:
         """A per-sample column of every index (``label``, ``start``, ...) concatenated, in global order."""

@@ -12,8 +12,9 @@ from typing import Literal
 
 import numpy as np
 
+from stoker.boxes import CROP_TRIES, random_resized_box
+
 CropKind = Literal["random_resized", "center", "resize"]
-CROP_TRIES = 10
 
 
 @dataclass(frozen=True)
@@ -61,28 +62,14 @@ def draw_batch(seed: int, epoch: int, batch: int, n: int, spec: CropSpec) -> Bat
 
 
 def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tuple[int, int, int, int]:
-    """(top, left, crop height, crop width) in the source image, for one sample's ``tries``."""
+    """(top, left, crop height, crop width) in the source image, for one sample's ``tries``
+    (``random_resized``: :func:`stoker.boxes.random_resized_box`, the rule stoker.augment shares)."""
     out_h, out_w = spec.size
     if spec.kind != "random_resized":
         top, left, ch, cw = exact_box(spec, height, width)
         bottom, right = min(height, math.ceil(top + ch)), min(width, math.ceil(left + cw))
         return int(top), int(left), max(1, bottom - int(top)), max(1, right - int(left))
-    area = height * width
-    log_lo, log_hi = math.log(spec.ratio[0]), math.log(spec.ratio[1])
-    for u_area, u_ratio, u_top, u_left in tries:
-        target = area * (spec.scale[0] + u_area * (spec.scale[1] - spec.scale[0]))
-        aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
-        cw, ch = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < cw <= width and 0 < ch <= height:
-            return int(u_top * (height - ch + 1)), int(u_left * (width - cw + 1)), ch, cw
-    in_ratio = width / height  # fallback: a central crop with the aspect clamped, as torchvision does
-    if in_ratio < spec.ratio[0]:
-        cw, ch = width, round(width / spec.ratio[0])
-    elif in_ratio > spec.ratio[1]:
-        ch, cw = height, round(height * spec.ratio[1])
-    else:
-        ch, cw = height, width
-    return (height - ch) // 2, (width - cw) // 2, ch, cw
+    return random_resized_box(height, width, spec.scale, spec.ratio, tries)
 
 
 def exact_resize(spec: CropSpec, height: int, width: int) -> tuple[int, int, int, int]:

@@ -39,8 +39,6 @@ try:
 except ImportError:
     resize_crop = None
 
-# The loader runs its own threads; OpenCV's would only compete with them.
-cv2.setNumThreads(1)
 _JPEG_MAGIC = b"\xff\xd8"
 # A strip JPEG is the header and parts of the scan, each row ending in a 2-byte marker, as in the file.
 _STRIP_SLACK = 64

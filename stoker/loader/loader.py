@@ -31,13 +31,14 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
-from stoker.data.readahead import Lookahead
+from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
+from stoker.errors import StokerError
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
+from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
-from stoker.errors import StokerError
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
@@ -170,8 +171,8 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
-        self._bounds = dataset.shards.block_bounds()
-        self.window = dataset.shards.open_blocks(window)
+        self._bounds = block_bounds_of(dataset.shards)
+        self.window = open_blocks(dataset.shards, window)
         self.epoch = 0
         self._position = 0  # samples of this epoch's share yielded
         self._dataset = dataset.shards.manifest.digest()
@@ -234,7 +235,7 @@ class Loader:
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         maker = self._batch_maker()
         make = self._in_processes if self.processes > 0 else self._in_threads
-        batches = make(maker, plan, hints, ahead)
+        batches = with_one_opencv_thread(make(maker, plan, hints, ahead))  # the pass runs its own threads
         try:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
@@ -311,7 +312,7 @@ class Loader:
         hints.submit(ahead.advance, 0)
         workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size, self.threads), batch_size=None,
                              sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
-                             multiprocessing_context=self.mp_context)
+                             multiprocessing_context=self.mp_context, worker_init_fn=one_opencv_thread_in_worker)
         for batch, (made, skipped, error) in zip(numbers, workers):
             if error is not None:
                 raise error

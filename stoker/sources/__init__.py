@@ -5,7 +5,7 @@
     archives.py  Parquet (Hugging Face layout), WebDataset tar shards, map-style Datasets
     inputs.py    Inputs: how a job reads the bytes behind each ref (files, row groups, tar members, items)
 
-Used by packing (stoker/pack) and by the loose-file baseline (stoker/data/folder.py); imports neither.
+Used by packing (stoker/pack) and by the loose-file baseline of the benchmarks (stoker/bench/folder.py); imports neither.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # Descriptors of locks a forked child must not keep, and a lock that keeps fork() out of the
-# moment between opening one and recording it.
+# moment between opening one and recording it (reentrant: should two threads register the fork
+# hooks at once, each hook runs twice, harmlessly).
 _PRIVATE: set[int] = set()
-_OPENING = threading.Lock()
+_OPENING = threading.RLock()
+_hooked = False  # the fork hooks are registered: on the first lock, not at import
 
 
 def _before_fork() -> None:
@@ -42,16 +44,25 @@ def _after_fork_in_child() -> None:
         except OSError:
             pass
     _PRIVATE.clear()
-    _OPENING = threading.Lock()
+    _OPENING = threading.RLock()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+def _hook_fork() -> None:
+    """Register the fork hooks, before the first lock is opened: importing stoker leaves the
+    process's fork hooks alone. No thread holds ``_OPENING`` before they are registered, so a
+    fork meanwhile leaves nothing held in the child."""
+    global _hooked
+    if not _hooked:
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                            after_in_child=_after_fork_in_child)
+        _hooked = True
 
 
 @contextmanager
 def _lock_file(path: Path, inherit: bool) -> Iterator[int]:
     """An open descriptor of ``path`` (created if missing), closed at the end of the block; with
     ``inherit=False`` it is also closed in a child forked meanwhile."""
+    _hook_fork()
     with _OPENING:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         if not inherit:

@@ -10,7 +10,7 @@ from _pillow_crop import random_resized_crop
 from torch.utils.data import DataLoader
 
 import stoker
-from stoker.data.folder import FolderDataset
+from stoker.bench.folder import FolderDataset
 
 
 class _Crop:
