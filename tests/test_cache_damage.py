@@ -7,6 +7,7 @@ workers and the Loader's threads all hear of it from the cache, which fetches it
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -161,3 +162,16 @@ def test_stage_names_an_object_damaged_at_the_source(s3, remote, packed, tmp_pat
     with pytest.raises(CorruptDataError, match=f"{url}/{name}: the object does not match the manifest"):
         stage(url, tmp_path / "local", progress=False, storage_options=s3.options)
     assert fetches(s3, url, name) == 2
+
+
+def test_a_copy_damaged_in_the_cache_is_fetched_again_not_blamed_on_the_source(s3, remote, packed, tmp_path):
+    dataset = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options, cache_dir=tmp_path / "cache")
+    plain = stoker.ShardDataset(packed, decode="raw")
+    victims = victim_samples(dataset)
+    assert dataset[victims[0]] == plain[victims[0]]
+    copy = dataset.shards.cache.path(VICTIM)
+    os.truncate(copy, copy.stat().st_size // 2)  # the local disk's damage, not the object's
+    fresh = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options, cache_dir=tmp_path / "cache")
+    assert [fresh[i] for i in victims] == [plain[i] for i in victims]
+    assert copy.read_bytes() == (packed / copy.name).read_bytes()
+    assert not list((dataset.shards.cache.folder / ".damaged").iterdir())

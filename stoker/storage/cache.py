@@ -178,16 +178,21 @@ class ShardCache:
             version, reason = marker.read_text().split("\n", 1)
         except (FileNotFoundError, ValueError):
             return None
-        name = self.shards[shard].name
-        if self.origin.version(name) != version:
+        if self._version(shard) != version:
             marker.unlink(missing_ok=True)
             return None
-        return CorruptDataError(f"{self.origin.url}/{name}", None, reason)
+        return CorruptDataError(f"{self.origin.url}/{self.shards[shard].name}", None, reason)
+
+    def _version(self, shard: int) -> str:
+        """What a damage record holds for: the manifest's size and checksum of ``shard`` and the
+        version of its object at the source now (a new manifest or a replaced object ends it)."""
+        entry = self.shards[shard]
+        return f"{entry.bytes} {entry.checksum} {self.origin.version(entry.name)}"
 
     def _record_damage(self, shard: int, error: CorruptDataError) -> None:
         """Record that ``shard``'s object, in its version at the source now, is damaged (see :meth:`damage`)."""
         try:
-            version = self.origin.version(self.shards[shard].name)
+            version = self._version(shard)
             atomic_write(self._marker("damaged", shard), f"{version}\n{error.reason}".encode())
         except (OSError, RemoteError) as e:  # without the record each process finds the damage itself
             log.warning("node cache: cannot record %s as damaged (%s)", error.shard, e)
