@@ -333,7 +333,6 @@ class CachedShardReader(ShardReader):
         self.cache.touch(self.shard)
         return True
 
-
     def _damaged(self, local: int) -> CorruptDataError:
         """The damage found in this shard's object, as the error of sample ``local``."""
         assert self._damage is not None
