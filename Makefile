@@ -2,7 +2,7 @@
 #   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
 #   make test   run the test suite (the torchvision tests in .venv-tv)
 #   make wheel  build the sdist and a wheel that carries its libjpeg-turbo into dist/
-#   make sanitize  the C extensions under AddressSanitizer + UBSan, stressed by many threads (minutes)
+#   make sanitize  the C extensions under AddressSanitizer + UBSan, stressed by many threads (5 minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -71,7 +71,7 @@ wheel: $(BUILD_VENV)/.installed
 # ASan, so its runtime is preloaded; leak reports would be Python's own.
 SANITIZE_DIR := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
-STRESS_SECONDS ?= 300
+STRESS_SECONDS ?= 150
 STRESS_THREADS ?= 64
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR)
@@ -79,6 +79,11 @@ sanitize: $(STAMP)
 	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker | tar -x -C $(SANITIZE_DIR)
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" $(abspath $(BIN))/python setup.py -q build_ext --inplace
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
+		$(BIN)/python tests/stress_extensions.py --require-build $(SANITIZE_DIR) \
+		--seconds $(STRESS_SECONDS) --threads $(STRESS_THREADS)
+	# again on libjpeg-turbo's plain-C code, which reads tables its SIMD code leaves alone
+	JSIMD_FORCENONE=1 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
 		$(BIN)/python tests/stress_extensions.py --require-build $(SANITIZE_DIR) \
 		--seconds $(STRESS_SECONDS) --threads $(STRESS_THREADS)

@@ -22,12 +22,17 @@ equal that reference, and every error must be a ValueError (the extensions' docu
 Output buffers are the Loader's per-thread maps (stoker.loader.buffers.thread_buffer), grown as
 larger images come, and filled with a new byte before each call: output that depended on memory
 the call did not write would differ from the reference. Exits 1 on any difference.
+
+Run it also with JSIMD_FORCENONE=1 (``make sanitize`` does): libjpeg-turbo then takes its plain-C
+paths, which read tables its SIMD code does not (a crop that overwrote the merged upsampler's colour
+tables crashed only there).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import os
 import pathlib
 import sys
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from stoker.loader import _jpeg_region, _resample
 from stoker.loader.buffers import thread_buffer
@@ -79,6 +85,16 @@ def synthetic_jpeg(height: int, width: int, sampling: str | None, progressive: b
     ok, encoded = cv2.imencode(".jpg", pixels, params)
     assert ok
     return encoded.tobytes()
+
+
+def chroma_ramp(subsampling: int) -> bytes:
+    """A 4:2:2 (1) or 4:2:0 (2) JPEG whose rows hold every Cr value: colour-table entries that
+    photos never use are read too."""
+    ycc = np.full((512, 48, 3), 128, np.uint8)
+    ycc[..., 2] = (np.arange(512) // 2)[:, None]
+    buffer = io.BytesIO()
+    Image.fromarray(ycc, mode="YCbCr").save(buffer, "JPEG", quality=100, subsampling=subsampling)
+    return buffer.getvalue()
 
 
 def damaged(data: bytes, rng: np.random.Generator) -> bytes:
@@ -157,6 +173,8 @@ def random_box(rng: np.random.Generator, height: int, width: int) -> tuple[int, 
     if height == 0 or width == 0 or rng.random() < 0.03:
         return tuple(int(v) for v in rng.integers(-2, 600, 4))  # type: ignore[return-value]
     h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+    if rng.random() < 0.15:  # a few pixels wide or high: narrow crops take other paths in libjpeg
+        h, w = (min(h, int(rng.integers(1, 5))), w) if rng.random() < 0.5 else (h, min(w, int(rng.integers(1, 5))))
     return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
 
 
@@ -192,7 +210,8 @@ def make_cases(seed: int, count: int, workdir: pathlib.Path) -> list[Case]:
     rng = np.random.default_rng(seed)
     photos = make_sample_photos(workdir / "photos", count=12, num_classes=12, seed=seed)
     sources = [path.read_bytes() for path in sorted(photos.glob("*/*.jpg"))]
-    sources += [synthetic_jpeg(*spec) for spec in SYNTHETIC]
+    ramps = [chroma_ramp(1), chroma_ramp(2)]
+    sources += [synthetic_jpeg(*spec) for spec in SYNTHETIC] + ramps
     packed = []
     for data in sources:
         stored, how = restarts.with_restart_markers(data, "JPEG")
@@ -208,6 +227,11 @@ def make_cases(seed: int, count: int, workdir: pathlib.Path) -> list[Case]:
         if pick < 0.12:
             pool = sources + damaged_sources
             cases.append(transcode_case(pool[rng.integers(len(pool))]))
+            continue
+        if pick < 0.17:  # narrow regions of every Cr value, at every column
+            data = ramps[rng.integers(2)]
+            left, w = int(rng.integers(48)), int(rng.integers(1, 5))
+            cases.append(region_case(data, (0, left, 512, min(w, 48 - left)), SCALES[rng.integers(4)], strip=False))
             continue
         pool = [sources, packed, damaged_sources][int(rng.integers(3))]
         data = pool[rng.integers(len(pool))]
