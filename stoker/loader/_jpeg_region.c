@@ -234,6 +234,15 @@ int region_decode(Job *job) {
     /* Moves xoff left to an iMCU column boundary and widens cw to match; output_width becomes cw. */
     xoff = x0;
     cw = x1 - x0;
+    /* A crop that leaves a component under 2 samples wide makes jpeg_crop_scanline() re-initialize
+     * the upsampler in place; with the merged upsampler (h2v1/h2v2 YCbCr without fancy upsampling,
+     * ours) it writes a separate upsampler's fields over it and the memory after it: libjpeg-turbo
+     * 2.1.5's C colour tables, which its plain-C path then reads (a segfault; SIMD builds read other
+     * tables). Such narrow regions (a few pixels) decode the full width instead. */
+    if (cw <= 2 * (JDIMENSION)cinfo.max_h_samp_factor) {
+        xoff = 0;
+        cw = cinfo.output_width;
+    }
     jpeg_crop_scanline(&cinfo, &xoff, &cw);
     job->rows = y1 - y0;
     job->cols = cinfo.output_width;

@@ -7,6 +7,7 @@ Layout of ``cache_dir/<data set id>/``::
     .partial-shard-000004.tar   a copy being written; counts as the whole shard from the start
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
     .consumed/shard-000002.tar  the reader that staged it is done with it this epoch
+    .damaged/shard-000005.tar   the object at the source is damaged: its version there and what is wrong
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
     .lock                       held while space is counted, reserved, freed, or a copy moved in
     limit                       the default limit, fixed when the folder was made
@@ -28,6 +29,12 @@ Every rule that keeps it correct across processes:
   room or opens the cache; locks die with their holder.
 - Errors writing the cache (a full disk) make a fetch report "no room": readers then read from
   the source, which is never blamed for the cache's own trouble.
+- An object whose bytes differ from the manifest the same way on two fetches is damaged at the
+  source (CorruptDataError), not failing transport: that is recorded in ``.damaged`` with the
+  object's version (size, ETag or modification time), so every process on the node gets the
+  same error at once instead of fetching it again, until the object changes at the source.
+  A cached copy damaged on local disk is never recorded: its check removes it and it is
+  fetched again.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import LocalWriteError
+from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.ranges import CACHE_LIMIT
@@ -74,7 +81,8 @@ class ShardCache:
         self.origin = RemoteData(self.source, storage_options)
         self.folder = self.cache_dir / hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self._numbers = {check_name(entry.name): i for i, entry in enumerate(shards)}
-        for folder in (self.folder / ".locks", self.folder / ".verified", self.folder / ".consumed"):
+        for folder in (self.folder / ".locks", self.folder / ".verified", self.folder / ".consumed",
+                       self.folder / ".damaged"):
             folder.mkdir(parents=True, exist_ok=True)
         if not (self.folder / "source").is_file():
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
@@ -133,13 +141,17 @@ class ShardCache:
         When the budget is full, shards not in ``keep`` are evicted to make room (consumed
         first, then least recently used); with ``keep=None`` only shards marked consumed are.
         False when there is no room, or the cache cannot be written (logged). Waits while another
-        process fetches the same shard. Source errors raise RemoteError after retries.
+        process fetches the same shard. Source errors raise RemoteError after retries; an object
+        damaged at the source raises CorruptDataError (see :meth:`damage`).
         """
         entry = self.shards[shard]
         with exclusive(self._lock(shard), inherit=False):
             if self.ready(shard):
                 self._marker("consumed", shard).unlink(missing_ok=True)  # needed again
                 return True
+            damage = self.damage(shard)
+            if damage is not None:
+                raise damage
             partial = self.folder / f"{_PARTIAL}{entry.name}"
             with exclusive(self.folder / ".lock", inherit=False):
                 partial.unlink(missing_ok=True)
@@ -152,7 +164,38 @@ class ShardCache:
             except LocalWriteError as e:
                 log.warning("node cache: %s; reading from the source instead", e)
                 return False
+            except CorruptDataError as e:
+                self._record_damage(shard, e)
+                raise
             return True
+
+    def damage(self, shard: int) -> CorruptDataError | None:
+        """The error recorded for ``shard``'s object when a fetch found it damaged at the source,
+        while the object there is still the one that was fetched (one request to ask); else None,
+        and a record of an object replaced since is removed."""
+        marker = self._marker("damaged", shard)
+        try:
+            version, reason = marker.read_text().split("\n", 1)
+        except (FileNotFoundError, ValueError):
+            return None
+        if self._version(shard) != version:
+            marker.unlink(missing_ok=True)
+            return None
+        return CorruptDataError(f"{self.origin.url}/{self.shards[shard].name}", None, reason)
+
+    def _version(self, shard: int) -> str:
+        """What a damage record holds for: the manifest's size and checksum of ``shard`` and the
+        version of its object at the source now (a new manifest or a replaced object ends it)."""
+        entry = self.shards[shard]
+        return f"{entry.bytes} {entry.checksum} {self.origin.version(entry.name)}"
+
+    def _record_damage(self, shard: int, error: CorruptDataError) -> None:
+        """Record that ``shard``'s object, in its version at the source now, is damaged (see :meth:`damage`)."""
+        try:
+            version = self._version(shard)
+            atomic_write(self._marker("damaged", shard), f"{version}\n{error.reason}".encode())
+        except (OSError, RemoteError) as e:  # without the record each process finds the damage itself
+            log.warning("node cache: cannot record %s as damaged (%s)", error.shard, e)
 
     def touch(self, shard: int) -> None:
         """Record a use of ``shard`` (its access time), for least-recently-used eviction."""
@@ -178,6 +221,7 @@ class ShardCache:
         with exclusive(self.folder / ".lock", inherit=False):
             os.replace(arrived, self.path(shard))
             self._marker("consumed", shard).unlink(missing_ok=True)
+            self._marker("damaged", shard).unlink(missing_ok=True)
             self._mark_verified(shard, self.path(shard).stat())
 
     def _make_room(self, need: int, keep: Collection[int] | None) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from stoker.errors import LocalWriteError, RemoteError
+from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.retry import with_retries
@@ -30,6 +30,8 @@ _CHUNK = 8 << 20
 _LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 # Indexes fetched together in one concurrent batch.
 _BATCH = 64
+# What fsspec's info() reports that changes when a file's content is replaced (s3fs, gcsfs, local).
+_VERSION_KEYS = ("size", "ETag", "etag", "generation", "LastModified", "mtime", "ino")
 
 
 def is_url(path: str | os.PathLike) -> TypeGuard[str]:
@@ -88,16 +90,39 @@ class RemoteData:
                              retries=self.retries, backoff=self.backoff, error=self.error)
         return {paths[path]: data for path, data in found.items()}
 
+    def version(self, name: str) -> str:
+        """What identifies the current content of the file ``name`` without reading it: its size
+        and whichever of ETag, generation, modification time and inode the file system reports
+        (one HEAD request on an object store). A file replaced or rewritten gets another."""
+        url = f"{self.url}/{name}"
+        info = with_retries(url, lambda: self._filesystem().info(f"{self._root}/{name}"),
+                            retries=self.retries, backoff=self.backoff, error=self.error)
+        return " ".join(f"{key}={info[key]}" for key in _VERSION_KEYS if info.get(key) is not None)
+
     def download(self, name: str, size: int, checksum: str, partial: Path, commit: Callable[[Path], None]) -> None:
         """Copy the file ``name``: downloaded into ``partial`` in one streamed request, checked
         against ``size`` and the manifest ``checksum``, then handed to ``commit`` (which moves it
-        into place). A copy that does not match counts as a transient error and is fetched again;
-        a local write that fails (a full disk) raises LocalWriteError at once. ``partial`` is
-        gone afterwards."""
+        into place). A copy that does not match is fetched again (a transport may have mangled
+        it); when a later fetch gives the same wrong bytes (same size and checksum) the object
+        itself is damaged: CorruptDataError naming the URL, expected and found, with no more
+        retries. A local write that fails (a full disk) raises LocalWriteError at once.
+        ``partial`` is gone afterwards."""
         url = f"{self.url}/{name}"
+        mismatches: list[tuple[int, str]] = []
+
+        def fetch_once() -> None:
+            found = self._download_once(name, partial)
+            if found == (size, checksum):
+                return
+            reason = (f"the object does not match the manifest: expected {size} bytes with checksum {checksum}, "
+                      f"got {found[0]} bytes with checksum {found[1]}")
+            if found in mismatches:
+                raise CorruptDataError(url, None, f"{reason}, the same on fetching it again: damaged at the source")
+            mismatches.append(found)
+            raise self.error(f"{url}: {reason}")  # retried: a transport may have mangled this copy only
+
         try:
-            with_retries(url, lambda: self._download_once(name, size, checksum, partial, url),
-                         retries=self.retries, backoff=self.backoff, error=self.error)
+            with_retries(url, fetch_once, retries=self.retries, backoff=self.backoff, error=self.error)
             try:
                 commit(partial)
             except OSError as e:
@@ -105,7 +130,8 @@ class RemoteData:
         finally:
             partial.unlink(missing_ok=True)
 
-    def _download_once(self, name: str, size: int, checksum: str, partial: Path, url: str) -> None:
+    def _download_once(self, name: str, partial: Path) -> tuple[int, str]:
+        """Download ``name`` into ``partial`` (written to disk); its size and checksum."""
         fs = self._filesystem()
         try:
             if isinstance(fs, LocalFileSystem):
@@ -114,17 +140,14 @@ class RemoteData:
                 # One streamed GET per file: measured on moto behind a 50 ms proxy, 274-322 MB/s against
                 # 105 MB/s reading the same file through fsspec's file object in 8 MiB ranged requests.
                 fs.get_file(f"{self._root}/{name}", str(partial))
-                found = file_checksum(partial) if partial.stat().st_size == size else "not computed"
+                found = file_checksum(partial)
             with open(partial, "rb+") as f:
                 os.fsync(f.fileno())
         except OSError as e:
             if e.errno in _LOCAL_WRITE_ERRNOS:
                 raise LocalWriteError(f"{partial}: cannot write the copy ({e.strerror})") from None
             raise
-        written = partial.stat().st_size
-        if written != size or found != checksum:
-            raise self.error(f"{url}: the copy does not match the manifest ({written} of {size} bytes, "
-                             f"checksum {found} against {checksum})")
+        return partial.stat().st_size, found
 
     def _filesystem(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():  # made again in a forked or spawned worker

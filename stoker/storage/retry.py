@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from stoker.errors import FormatError, LocalWriteError, RemoteError
+from stoker.errors import CorruptDataError, FormatError, LocalWriteError, RemoteError
 
 log = logging.getLogger("stoker.storage")
 T = TypeVar("T")
@@ -17,8 +17,9 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int = 5, backoff
                  error: type[RemoteError] = RemoteError) -> T:
     """``action()``, retried ``retries`` times after transient errors, sleeping ``backoff``, then
     twice that, and so on (defaults: 0.5 to 8 s, 15.5 s in all). Missing objects and denied
-    access are permanent and raise ``error`` at once; a malformed manifest, a failed local write
-    or a wrong call (TypeError, ValueError) propagates as it is; every other
+    access are permanent and raise ``error`` at once; a malformed manifest, data found damaged
+    at the source (CorruptDataError), a failed local write or a wrong call (TypeError,
+    ValueError) propagates as it is; every other
     error (each fsspec backend has its own: botocore's connection errors, aiohttp's, OSError)
     counts as transient. ``error`` messages name ``url`` and the cause."""
     for attempt in range(retries + 1):
@@ -28,7 +29,7 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int = 5, backoff
             raise error(f"{url}: not found ({_cause(e)})") from None
         except PermissionError as e:
             raise error(f"{url}: access denied: check credentials and permissions ({_cause(e)})") from None
-        except (FormatError, LocalWriteError, TypeError, ValueError):  # retrying the source cannot help
+        except (FormatError, CorruptDataError, LocalWriteError, TypeError, ValueError):  # retrying the source cannot help
             raise
         except Exception as e:  # noqa: BLE001 -- backends raise their own kinds (botocore, aiohttp, OSError)
             if attempt == retries:

@@ -7,7 +7,8 @@ and compared with the manifest's, then renamed into place; the manifest is writt
 folder holds a readable data set only once every shard is complete. A killed stage leaves at most
 temporary files, which the next run removes. Transient errors (timeouts, dropped connections,
 5xx) are retried with exponential backoff; permanent ones (missing object or bucket, denied
-access, bad credentials) stop at once with the URL and the cause.
+access, bad credentials) stop at once with the URL and the cause, and so does a file that
+arrives with the same wrong checksum twice (CorruptDataError: damaged at the source).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 
+from stoker.errors import CorruptDataError
 from stoker.storage.cache import ShardCache
 
 log = logging.getLogger("stoker.storage")
@@ -21,8 +22,10 @@ class Stager:
     ones already open). When the cache is full it evicts only shards this reader has finished
     with or never needs, and marks each shard consumed once the reader is past its last
     sample, so those go first. Call :meth:`advance` as the reader moves and :meth:`close` at the
-    end. An error stops the staging (logged): readers then fetch shards themselves or read the
-    source, and report a source that fails for good.
+    end. A shard whose object is damaged at the source is passed over (logged; the cache records
+    it, so every reader of it gets the CorruptDataError at once). Any other error stops the
+    staging (logged): readers then fetch shards themselves or read the source, and report a
+    source that fails for good.
     """
 
     def __init__(self, cache: ShardCache, shards: np.ndarray, first: np.ndarray, last: np.ndarray,
@@ -67,6 +70,10 @@ class Stager:
                 keep = set(wanted[self.last[: next_fetch + 1] >= position].tolist())
                 try:
                     fetched = self.cache.fetch(int(self.shards[next_fetch]), keep)
+                except CorruptDataError as e:
+                    log.warning("not staging a damaged shard: %s", e)
+                    next_fetch += 1
+                    continue
                 except Exception as e:  # noqa: BLE001 -- a thread must not die unheard; readers go on without it
                     log.warning("staging stopped: %s", e)
                     return
