@@ -15,6 +15,7 @@ import pytest
 import torch.utils.data
 
 import stoker
+from stoker.data.readahead import Lookahead, block_bounds_of
 from stoker.errors import CorruptDataError
 from stoker.format import read_manifest
 from stoker.storage.stage import stage
@@ -119,14 +120,16 @@ def test_the_stager_passes_over_a_damaged_shard_and_its_readers_hear_of_it(s3, r
     dataset = stoker.ShardDataset(url, decode="raw", storage_options=s3.options, cache_dir=tmp_path / "cache")
     cache = dataset.shards.cache
     others = [shard for shard in range(len(cache.shards)) if shard != VICTIM]
-    stager = dataset.shards.stage_ahead(np.arange(len(dataset)))
+    order = np.arange(len(dataset))
+    ahead = Lookahead(dataset.shards, block_bounds_of(dataset.shards), order, window=1)
+    ahead.advance(0)
     try:
         deadline = time.monotonic() + 120
         while not all(cache.ready(shard) for shard in others):  # the shards after the damaged one too
             assert time.monotonic() < deadline, "the stager stopped at the damaged shard"
             time.sleep(0.05)
     finally:
-        stager.close()
+        ahead.close()
     assert fetches(s3, url, name) == 2
     with pytest.raises(CorruptDataError, match=f"{url}/{name}, sample .*damaged at the source"):
         dataset[victim_samples(dataset)[0]]
