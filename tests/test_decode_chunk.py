@@ -204,3 +204,17 @@ def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
     assert args["status"].tolist() == [0, 2, 2, 1]  # made; not a JPEG; truncated JPEG; read past the end
     assert (np.abs(args["out"][0].astype(int) - (200, 10, 10)) <= 3).all()
     assert not args["out"][1:].any()
+
+
+@pytest.mark.parametrize("spec, route", [
+    (CropSpec("random_resized", (64, 64)), "one native call per chunk"),
+    (CropSpec("center", (64, 64), exact=True), "the exact resize"),
+])
+def test_explain_says_how_samples_are_decoded(packed, spec, route):
+    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=spec)
+    assert f"read, decode, crop: {'per image from Python (' if 'exact' in route else ''}{route}" in loader.explain()
+
+
+def test_explain_says_when_the_extension_is_missing(packed, monkeypatch):
+    monkeypatch.setattr(native_chunk, "decode_chunk", None)
+    assert "the region-decode extension is not built" in stoker.Loader(stoker.ShardDataset(packed), 8).explain()

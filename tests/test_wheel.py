@@ -87,6 +87,7 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("stoker.libs/libjpeg") for n in names), "no libjpeg grafted into the wheel"
     assert any("/licenses/libjpeg-turbo/" in n for n in names), "libjpeg-turbo's licence is not in the wheel"
+    assert any("/licenses/xxhash/" in n for n in names), "xxHash's licence is not in the wheel (decode_chunk has its code)"
     assert "stoker/loader/_resample.pyi" in names and any(
         n.startswith("stoker/loader/_resample.") and n.endswith(".so") for n in names), "no exact-resize extension"
 

@@ -196,6 +196,20 @@ class BatchMaker:
         batch.labels.numpy()[positions[made]] = labels[made]
         return crops, made
 
+    def decode_route(self) -> str:
+        """How this maker reads, decodes and crops samples, and why (for :meth:`Loader.explain`)."""
+        if self.natively_decoded():
+            return "one native call per chunk of samples on each thread, the GIL released (decode_chunk)"
+        if self.crop is None:
+            reason = "whole images: no crop to fuse"
+        elif self.crop.exact:
+            reason = "the exact resize (Pillow's, as torchvision's Resize) is not in decode_chunk"
+        elif not decodes_natively(self.crop):
+            reason = "the region-decode extension is not built here (see stoker env)"
+        else:
+            reason = f"{type(self).__name__} reads its samples its own way"
+        return f"per image from Python ({reason})"
+
     def natively_decoded(self) -> bool:
         """Whether this maker's samples go through one native call per chunk (native_chunk.py): a
         crop it makes, of images placed as :meth:`place` does (not clips, not the GPU decoder's bytes)."""

@@ -189,7 +189,8 @@ class Loader:
         if self.processes:
             where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        text = head + "\n" + self._transform_plan.explain(where)
+        route = f"  read, decode, crop: {self._batch_maker().decode_route()}"
+        text = head + "\n" + route + "\n" + self._transform_plan.explain(where)
         if self._transform_plan.per_sample and self.processes == 0:
             text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
                      "a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
