@@ -130,7 +130,7 @@ class PackProbe:
         """Time ``loader`` over the pack as one long epoch; keep its row for the report; its img/s."""
         # Four batches suffice: the Loader's threads deliver steadily, not in bursts as DataLoader workers do.
         rate = time_passes(loader, seconds, before_pass=before_pass, min_batches=4)
-        self.rows.append(LoaderRow(f"stoker.Loader, {loader.threads} threads ({name})", loader.threads, rate.per_second,
+        self.rows.append(LoaderRow(f"stoker.Loader, {loader.workers.describe()} ({name})", loader.threads, rate.per_second,
                                    rate.first_batch_seconds))
         return rate.per_second
 

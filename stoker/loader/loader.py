@@ -18,7 +18,7 @@ workers each make whole batches with the same code, into shared memory.
 from __future__ import annotations
 
 import logging
-import os
+import time
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +39,7 @@ from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
+from stoker.loader.workers import FirstBatches, WorkerChoice, available_cores, choose_workers
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
@@ -80,11 +81,15 @@ class Loader:
     Any other callable runs on every sample after the crop: it gets a (3, H, W) uint8 tensor, or
     (T, 3, H, W) for a clip (what torchvision v2 transforms take), and returns a tensor; the
     batch is those tensors stacked, and ``layout`` no longer applies. A transform that holds the
-    GIL (most Python code) serializes the threads: give ``processes=N`` to make batches in N
-    worker processes instead, each with ``threads`` threads (default 1; ``mp_context``: ``fork``,
-    ``spawn`` or ``forkserver``; default the platform's). The batches are the same whatever
-    ``processes`` and ``threads`` are, except for what per-sample random ops draw with several
-    threads in a process (from the global generators, in the order the threads run).
+    GIL (most Python code) serializes the threads: ``processes=N`` makes batches in N worker
+    processes instead, each with ``threads`` threads (default 1; ``mp_context``: ``fork``,
+    ``spawn`` or ``forkserver``; default the platform's). Given neither, the Loader chooses: threads
+    (one more than the cores) for its first pass, and from then on worker processes where those
+    threads used a fraction of the cores while the loop waited (the GIL's limit; see
+    stoker/loader/workers.py); ``workers`` and :meth:`explain` say what it chose and why. The
+    batches are the same whatever ``processes`` and ``threads`` are, except for what per-sample
+    random ops draw with several threads in a process (from the global generators, in the order
+    the threads run).
 
     ``decode="gpu"``: the threads only read bytes, and the GPU (``device``, default this rank's:
     see :func:`stoker.augment.default_device`) decodes each batch with nvJPEG and crops it there
@@ -115,7 +120,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         transform: SampleTransform | None = None,
-        processes: int = 0,
+        processes: int | None = None,
         mp_context: str | None = None,
         decode: Literal["cpu", "gpu"] = "cpu",
         on_error: OnError | None = None,
@@ -144,9 +149,14 @@ class Loader:
         # per process, 1 unless given.
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
-        if processes < 0:
+        if processes is not None and processes < 0:
             raise ValueError(f"processes must be 0 (threads only) or more, got {processes}")
-        self.threads = threads or (1 if processes else (os.cpu_count() or 1) + 1)
+        # Left to choose (neither given): threads first, then what the first batches measure (workers.py).
+        self._first_batches = FirstBatches() if processes is None and threads is None and decode == "cpu" else None
+        processes = processes or 0
+        self.threads = threads or (1 if processes else available_cores() + 1)
+        self.workers = WorkerChoice(processes, self.threads, "as given" if self._first_batches is None else
+                                    "threads until the first batches are measured")
         self.prefetch = max(1, prefetch)
         self.seed = seed
         self.drop_last = drop_last
@@ -188,9 +198,10 @@ class Loader:
             where = "stoker.augment on the CPU, each image by the loader thread that decoded it, parameters drawn per batch"
         if self.processes:
             where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
+        workers = f"  workers: {self.workers.describe()} ({self.workers.reason})"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
         route = f"  read, decode, crop: {self._batch_maker().decode_route()}"
-        text = head + "\n" + route + "\n" + self._transform_plan.explain(where)
+        text = "\n".join((head, workers, route, self._transform_plan.explain(where)))
         if self._transform_plan.per_sample and self.processes == 0:
             text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
                      "a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
@@ -228,6 +239,8 @@ class Loader:
         self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._first_batches is not None and self._first_batches.result is not None:
+            self._choose_workers(*self._first_batches.result)
         plan = self._plan(self.epoch, self._position)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = Lookahead(self.dataset.shards, self._bounds, plan.rest, self.window, hint_blocks=self.order != "random")
@@ -247,6 +260,13 @@ class Loader:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
+
+    def _choose_workers(self, cores_used: float, waited: float) -> None:
+        """Run the next passes as the first batches say (:func:`choose_workers`), and stop measuring."""
+        self.workers = choose_workers(available_cores(), self.threads, cores_used, waited)
+        self.processes, self.threads = self.workers.processes, self.workers.threads
+        self._first_batches = None
+        _log.info("stoker.Loader: %s (%s)", self.workers.describe(), self.workers.reason)
 
     def watch_note(self) -> str:
         """For :func:`stoker.watch`'s lines: the damaged samples skipped, when there were any."""
@@ -296,8 +316,12 @@ class Loader:
                 if not pending:
                     return
                 batch, futures = pending.popleft()
+                waiting = time.perf_counter()
                 for future in futures:
                     future.result()
+                if self._first_batches is not None:
+                    self._first_batches.blocked(time.perf_counter() - waiting)
+                    self._first_batches.batch()
                 yield batch.number, maker.finish(batch), int(batch.replaced.sum())
         finally:
             for _, futures in pending:

@@ -1,0 +1,99 @@
+"""How many worker processes and threads a Loader makes its batches with, chosen for the machine.
+
+Threads share one process, so the Python each image needs holds the GIL one thread at a time:
+with the native chunk path that is a few microseconds per image (bench/gil.py), and threads use
+every core; with per-sample Python (a user's transform) it can be hundreds, and a process's
+threads then use a core or two whatever the machine has. Only a measurement tells which, so a
+Loader left to choose (``processes=None``) starts with threads only and watches its first batches:
+how many cores its process used while the training loop waited for it. Threads that use the
+cores they have are kept; where they use a fraction of them while the loop waits, the next pass
+runs in worker processes, each with a few threads (:func:`choose_workers`, a pure function of
+those figures).
+
+    first pass: threads only ──> batches 2..6: CPU seconds / wall seconds = cores used,
+                                               time blocked on batches / wall = loop waited
+    later passes: choose_workers(cores, threads, cores used, waited) ──> (processes, threads, why)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+# Batches of the first pass that are measured: the first ones start the threads and fill the
+# queue, so the window starts later.
+FIRST_MEASURED, LAST_MEASURED = 2, 6
+# The loop waited for batches at least this share of the time: the Loader limits the training.
+WAITED_ENOUGH = 0.1
+# Threads that keep this share of the cores they could use busy are not limited by the GIL.
+USED_ENOUGH = 0.6
+# Below this many cores, worker processes measured slower than threads here (0.89-0.93x on 2 cores:
+# pickling, shared memory and the workers' own imports).
+FEW_CORES = 4
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """Worker processes (0: threads in the loop's process) and threads (per process), and why."""
+
+    processes: int
+    threads: int
+    reason: str
+
+    def describe(self) -> str:
+        """'17 threads' or '6 processes x 4 threads'."""
+        if self.processes:
+            return f"{self.processes} processes x {self.threads} threads"
+        return f"{self.threads} threads"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container or taskset limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def choose_workers(cores: int, threads: int, cores_used: float, waited: float) -> WorkerChoice:
+    """What to run the next passes with, from what ``threads`` threads of one process did in the
+    first batches: ``cores_used`` (CPU seconds per second) while the training loop ``waited`` (the
+    share of the time it was blocked on the Loader)."""
+    measured = f"{threads} threads used {cores_used:.1f} of {cores} cores while the loop waited {waited:.0%} of the time"
+    if waited < WAITED_ENOUGH:
+        return WorkerChoice(0, threads, f"{measured}: the Loader keeps up, threads kept")
+    if cores < FEW_CORES:
+        return WorkerChoice(0, threads, f"{measured}: on fewer than {FEW_CORES} cores threads beat worker processes")
+    if cores_used >= USED_ENOUGH * min(threads, cores):
+        return WorkerChoice(0, threads, f"{measured}: the threads use the cores, threads kept")
+    processes = min(cores, math.ceil(cores / max(cores_used, 1.0)))
+    per_process = math.ceil(cores / processes) + 1  # one more than its share: a thread waiting on the disk idles no core
+    return WorkerChoice(processes, per_process, f"{measured}: the GIL limits one process, so "
+                                                f"{processes} worker processes of {per_process} threads")
+
+
+class FirstBatches:
+    """Measures the window of the first pass that :func:`choose_workers` decides from: call
+    :meth:`batch` as each batch is taken, :meth:`blocked` with each wait for one."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._start: tuple[float, float] | None = None
+        self._blocked = 0.0
+        self.result: tuple[float, float] | None = None  # (cores used, share of the time waited)
+
+    def blocked(self, seconds: float) -> None:
+        """The loop waited ``seconds`` for a batch."""
+        if self._start is not None:
+            self._blocked += seconds
+
+    def batch(self) -> None:
+        """A batch was taken by the loop."""
+        self.count += 1
+        if self.count == FIRST_MEASURED:
+            self._start = (time.perf_counter(), time.process_time())
+        elif self.count == LAST_MEASURED and self._start is not None:
+            wall, cpu = time.perf_counter() - self._start[0], time.process_time() - self._start[1]
+            self.result = (cpu / wall, self._blocked / wall) if wall > 0 else (0.0, 0.0)
