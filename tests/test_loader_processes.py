@@ -90,3 +90,15 @@ def test_explain_says_processes_and_threads(packed):
 def test_bad_counts_are_refused(packed, options, message):
     with pytest.raises(ValueError, match=message):
         stoker.Loader(stoker.ShardDataset(packed), 16, **options)
+
+
+def test_threads_of_a_forked_worker_reopen_the_parent_s_shards_once(packed):
+    """The parent has readers open when it forks; every thread of a worker then asks for readers at
+    once, and exactly one closes the parent's copies (two closing one descriptor: EBADF)."""
+    dataset = stoker.ShardDataset(packed)
+    expected = [(i.clone(), label.clone()) for i, label in stoker.Loader(dataset, 16, crop=SPEC, seed=11, threads=2)]
+    assert dataset.shards._readers  # open in the parent
+    for _ in range(3):
+        made = [(i.clone(), label.clone()) for i, label in
+                stoker.Loader(dataset, 16, crop=SPEC, seed=11, processes=2, threads=8, mp_context="fork")]
+        _assert_same(made, expected)

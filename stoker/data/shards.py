@@ -36,6 +36,15 @@ DEFAULT_MAX_OPEN_SHARDS = 128
 _SWEEP_SECONDS = 1.0
 
 
+_process_locks: dict[int, threading.Lock] = {}
+
+
+def _this_process_lock() -> threading.Lock:
+    """A lock of this process's own, made in it (a forked child's copy of a parent's lock may be
+    held forever by a thread the child does not have); dict.setdefault is atomic under the GIL."""
+    return _process_locks.setdefault(os.getpid(), threading.Lock())
+
+
 class ShardSet:
     """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
 
@@ -88,7 +97,9 @@ class ShardSet:
         """The reader of shard number ``shard``, opened on first use in this process; the least
         recently used reader is closed when more than ``max_open_shards`` are open."""
         if self._pid != os.getpid():
-            self._forget_parent_readers()
+            with _this_process_lock():  # threads of a worker process (Loader(processes=, threads=)) forget once
+                if self._pid != os.getpid():
+                    self._forget_parent_readers()
         if self.cache is not None and time.monotonic() > self._next_sweep:
             self._release_evicted()
         with self._lock:
