@@ -1,0 +1,515 @@
+/* The photometric half of a translated torchvision pipeline, for a chunk of decoded crops at once.
+
+   ColorJitter (brightness, contrast, saturation, hue, in an order drawn per sample), RandomGrayscale,
+   ToTensor's scaling to [0, 1] and Normalize: what stoker.augment.Augment.apply_image computes per
+   image with OpenCV and numpy (stoker/augment/color.py, cpu.py), here for every crop of a chunk in
+   one call that holds no GIL. Why: the Python path makes ~10 numpy/OpenCV calls per image, and the
+   GIL is held between them (~210-250 us per 224x224 image measured on the Loader's threads), so the
+   Loader's threads queued on it instead of scaling with the cores.
+
+   Each op is one function over a row of planar float pixels (r, g, b arrays): rows stay in the L1
+   cache and the loops vectorize. Contrast blends with the mean luma of the whole image as it is
+   just before it, so it splits an image's ops into stages: each stage is one pass over the rows,
+   and a stage followed by a contrast sums its output's channels (in double, as cv2.mean does).
+
+   The arithmetic is OpenCV's (its 8-lane AVX2 paths, which the x86-64 wheel of opencv-python runs):
+   a fused multiply-add wherever OpenCV's universal intrinsics use one (v_muladd, v_matmuladd), the
+   same FLT_EPSILON guards and sector selection in the HSV round trip, numpy's float32 products for
+   brightness and the scaling. Built with -ffp-contract=off so that only the fmaf calls below fuse;
+   an AVX2+FMA build of the loop beside the baseline is chosen at run time. tests/test_photometric.py
+   compares the results with apply_image's: equal to ~1e-6 in float32 (OpenCV's scalar tails of a
+   row, a different summation order of the mean), at most 1 level where rounded back to uint8. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Op codes and each op's parameters (params[0..PARAMS-1] of its slot): */
+enum {
+    BRIGHTNESS = 1, /* factor */
+    CONTRAST,       /* factor */
+    SATURATION,     /* factor */
+    HUE,            /* shift in turns, -0.5..0.5 */
+    GRAYSCALE,      /* on: 0 or 1 */
+    NORMALIZE,      /* 1/std and -mean/std of r, g, b */
+    LAST_OP = NORMALIZE,
+};
+#define PARAMS 6
+
+/* torchvision's luma weights as stoker.augment.color keeps them (float32), for the transforms */
+static const float GRAY[3] = {0.2989f, 0.587f, 0.114f};
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* One image's rows as planar float pixels. */
+typedef struct {
+    float *r, *g, *b;
+} Row;
+
+INLINE float max_f(float a, float b) { return a > b ? a : b; } /* SSE's maxps, as OpenCV's v_max */
+INLINE float min_f(float a, float b) { return a < b ? a : b; }
+INLINE float clamp_top(float x) { return x > 1.0f ? 1.0f : x; }   /* cv2.THRESH_TRUNC at 1 */
+INLINE float clamp_bottom(float x) { return x > 0.0f ? x : 0.0f; } /* cv2.THRESH_TOZERO at 0 */
+
+/* x * factor (numpy's float32 product), clamped above only: a factor >= 0 keeps x >= 0. */
+INLINE void brightness(Row p, int n, double factor) {
+    float f = (float)factor;
+    int i;
+    for (i = 0; i < n; i++) {
+        p.r[i] *= f;
+        p.g[i] *= f;
+        p.b[i] *= f;
+    }
+    if (factor > 1)
+        for (i = 0; i < n; i++) {
+            p.r[i] = clamp_top(p.r[i]);
+            p.g[i] = clamp_top(p.g[i]);
+            p.b[i] = clamp_top(p.b[i]);
+        }
+}
+
+/* x * factor + mean * (1 - factor), one fused multiply-add as cv2.addWeighted's. */
+INLINE void contrast(Row p, int n, double factor, double mean) {
+    float f = (float)factor, offset = (float)(mean * (1 - factor));
+    int i;
+    for (i = 0; i < n; i++) {
+        p.r[i] = fmaf(p.r[i], f, offset);
+        p.g[i] = fmaf(p.g[i], f, offset);
+        p.b[i] = fmaf(p.b[i], f, offset);
+    }
+    if (factor > 1)
+        for (i = 0; i < n; i++) {
+            p.r[i] = clamp_bottom(clamp_top(p.r[i]));
+            p.g[i] = clamp_bottom(clamp_top(p.g[i]));
+            p.b[i] = clamp_bottom(clamp_top(p.b[i]));
+        }
+}
+
+/* One output channel of cv2.transform's 3x3 (+ offset) matrix row m. */
+INLINE float transform(const float *m, float r, float g, float b, float offset) {
+    return fmaf(r, m[0], fmaf(g, m[1], fmaf(b, m[2], offset)));
+}
+
+/* Blend with the pixel's own luma: the matrix factor * I + (1 - factor) * gray rows (numpy's
+   arithmetic: the gray rows are float32, so their product with (1 - factor) is too). */
+INLINE void saturation(Row p, int n, double factor) {
+    float m[3][3], rest = (float)(1 - factor);
+    int i, c, k;
+    for (c = 0; c < 3; c++)
+        for (k = 0; k < 3; k++)
+            m[c][k] = (float)((c == k ? factor : 0.0) + (double)(rest * GRAY[k]));
+    for (i = 0; i < n; i++) {
+        float r = p.r[i], g = p.g[i], b = p.b[i];
+        p.r[i] = transform(m[0], r, g, b, 0.0f);
+        p.g[i] = transform(m[1], r, g, b, 0.0f);
+        p.b[i] = transform(m[2], r, g, b, 0.0f);
+    }
+    if (factor > 1)
+        for (i = 0; i < n; i++) {
+            p.r[i] = clamp_bottom(clamp_top(p.r[i]));
+            p.g[i] = clamp_bottom(clamp_top(p.g[i]));
+            p.b[i] = clamp_bottom(clamp_top(p.b[i]));
+        }
+}
+
+/* Rotate the HSV hue: OpenCV's float RGB -> HSV (hue in degrees), the shift added, HSV -> RGB. */
+INLINE void hue(Row p, int n, double shift) {
+    double turns = fmod(360.0 * shift, 360.0); /* Python's (360 * shift) % 360: forward only */
+    float degrees = (float)(turns < 0 ? turns + 360.0 : turns);
+    int i;
+    for (i = 0; i < n; i++) {
+        float r = p.r[i], g = p.g[i], b = p.b[i];
+        float high = max_f(max_f(r, g), b), low = min_f(min_f(r, g), b), chroma = high - low;
+        float s = chroma / (fabsf(high) + FLT_EPSILON), h, sixths, whole, f, sector;
+        float rise_r = g - b, rise_g = b - r, rise = r - g, base_r = g < b ? 360.0f : 0.0f, base = 240.0f;
+        float t0, t1, t2, t3, out_r, out_g, out_b;
+        /* hue in degrees from the largest channel (red first on ties): every candidate computed, then
+           chosen with plain ifs that only pick values, which the compiler turns into vector selects */
+        if (g == high) {
+            rise = rise_g;
+            base = 120.0f;
+        }
+        if (r == high) {
+            rise = rise_r;
+            base = base_r;
+        }
+        h = fmaf(rise, 60.0f / (chroma + FLT_EPSILON), base) + degrees;
+        /* back to RGB: the sector (sixth of a turn, 0..5) and the fraction into it */
+        sixths = h * (6.0f / 360.0f);
+        whole = (float)(int)sixths;
+        f = sixths - whole;
+        sector = whole - (float)(int)(whole * (1.0f / 6.0f)) * 6.0f;
+        t0 = high, t1 = high * (1.0f - s), t2 = high * fmaf(-s, f, 1.0f), t3 = high * fmaf(-s, 1.0f - f, 1.0f);
+        out_r = t0, out_g = t1, out_b = t2; /* sector 5 */
+        if (sector == 4)
+            out_r = t3;
+        if (sector == 2 || sector == 3)
+            out_r = t1;
+        if (sector == 1)
+            out_r = t2;
+        if (sector == 3)
+            out_g = t2;
+        if (sector == 1 || sector == 2)
+            out_g = t0;
+        if (sector < 1)
+            out_g = t3;
+        if (sector == 3 || sector == 4)
+            out_b = t0;
+        if (sector == 2)
+            out_b = t3;
+        if (sector < 2)
+            out_b = t1;
+        p.r[i] = out_r;
+        p.g[i] = out_g;
+        p.b[i] = out_b;
+    }
+}
+
+/* Luma in all three channels, where on. */
+INLINE void grayscale(Row p, int n, double on) {
+    int i;
+    if (on == 0)
+        return;
+    for (i = 0; i < n; i++) {
+        float y = transform(GRAY, p.r[i], p.g[i], p.b[i], 0.0f);
+        p.r[i] = p.g[i] = p.b[i] = y;
+    }
+}
+
+/* (x - mean) / std per channel, as x * (1/std) + (-mean/std). */
+INLINE void normalize(Row p, int n, const double *scale_offset) {
+    float sr = (float)scale_offset[0], sg = (float)scale_offset[1], sb = (float)scale_offset[2];
+    float orr = (float)scale_offset[3], og = (float)scale_offset[4], ob = (float)scale_offset[5];
+    int i;
+    for (i = 0; i < n; i++) {
+        p.r[i] = fmaf(p.r[i], sr, orr);
+        p.g[i] = fmaf(p.g[i], sg, og);
+        p.b[i] = fmaf(p.b[i], sb, ob);
+    }
+}
+
+INLINE void apply_op(int op, const double *params, Row p, int n, double mean) {
+    switch (op) {
+    case BRIGHTNESS: brightness(p, n, params[0]); break;
+    case CONTRAST: contrast(p, n, params[0], mean); break;
+    case SATURATION: saturation(p, n, params[0]); break;
+    case HUE: hue(p, n, params[0]); break;
+    case GRAYSCALE: grayscale(p, n, params[0]); break;
+    case NORMALIZE: normalize(p, n, params); break;
+    }
+}
+
+/* Row loads and stores: the crop's bytes to [0, 1] as numpy's float32(x) * float32(1 / 255). */
+INLINE void load_bytes(const uint8_t *src, Row p, int n) {
+    const float scale = (float)(1.0 / 255.0);
+    int i;
+    for (i = 0; i < n; i++) {
+        p.r[i] = (float)src[3 * i] * scale;
+        p.g[i] = (float)src[3 * i + 1] * scale;
+        p.b[i] = (float)src[3 * i + 2] * scale;
+    }
+}
+
+INLINE void load_floats(const float *src, Row p, int n) {
+    int i;
+    for (i = 0; i < n; i++) {
+        p.r[i] = src[3 * i];
+        p.g[i] = src[3 * i + 1];
+        p.b[i] = src[3 * i + 2];
+    }
+}
+
+INLINE void store_floats(Row p, int n, float *dst) {
+    int i;
+    for (i = 0; i < n; i++) {
+        dst[3 * i] = p.r[i];
+        dst[3 * i + 1] = p.g[i];
+        dst[3 * i + 2] = p.b[i];
+    }
+}
+
+/* Rounded back to uint8 as BatchMaker does: x * 255, rounded half to even. */
+INLINE uint8_t to_byte(float x) {
+    float y = rintf(x * 255.0f);
+    return (uint8_t)(y < 0.0f ? 0.0f : y > 255.0f ? 255.0f : y);
+}
+
+INLINE void store_bytes(Row p, int n, uint8_t *dst) {
+    int i;
+    for (i = 0; i < n; i++) {
+        dst[3 * i] = to_byte(p.r[i]);
+        dst[3 * i + 1] = to_byte(p.g[i]);
+        dst[3 * i + 2] = to_byte(p.b[i]);
+    }
+}
+
+/* Each channel's sum over a row in double, four partial sums per channel (they vectorize). */
+INLINE void add_sums(Row p, int n, double sums[3]) {
+    double acc[3][4] = {{0}};
+    int i, k;
+    for (i = 0; i + 4 <= n; i += 4)
+        for (k = 0; k < 4; k++) {
+            acc[0][k] += p.r[i + k];
+            acc[1][k] += p.g[i + k];
+            acc[2][k] += p.b[i + k];
+        }
+    for (; i < n; i++) {
+        acc[0][0] += p.r[i];
+        acc[1][0] += p.g[i];
+        acc[2][0] += p.b[i];
+    }
+    for (k = 0; k < 3; k++)
+        sums[k] += (acc[k][0] + acc[k][1]) + (acc[k][2] + acc[k][3]);
+}
+
+/* Everything one call needs: the arrays (validated), and the scratch of the calling thread. */
+typedef struct {
+    const uint8_t *crops;
+    float *out_floats;   /* one of the two is set: the batch's float32 slots */
+    uint8_t *out_bytes;  /* or its uint8 ones */
+    const int32_t *ops;
+    const double *params;
+    const int64_t *positions;
+    Py_ssize_t count, height, width, nops;
+    float *row;  /* 3 * width floats */
+    float *work; /* height * width * 3 floats, for uint8 output (float output works in its slot) */
+} Chunk;
+
+/* Crop i of the chunk into its slot, its ops in stages split at each contrast. */
+INLINE void apply_image(const Chunk *c, Py_ssize_t i) {
+    Py_ssize_t slot = c->positions[i], pixels = c->height * c->width, line = c->width * 3, y;
+    const uint8_t *crop = c->crops + i * pixels * 3;
+    const int32_t *ops = c->ops + slot * c->nops;
+    const double *params = c->params + slot * c->nops * PARAMS;
+    float *work = c->out_floats ? c->out_floats + slot * pixels * 3 : c->work;
+    Row p = {c->row, c->row + c->width, c->row + 2 * c->width};
+    int width = (int)c->width;
+    Py_ssize_t start, stop, k;
+    double mean = 0;
+    int stage;
+
+    /* stage 0: the ops before the first contrast; each later stage: a contrast and the ops up to the next */
+    for (stage = 0, start = 0;; stage++, start = stop) {
+        double sums[3] = {0, 0, 0};
+        int last;
+        stop = stage == 0 ? 0 : start + 1;
+        while (stop < c->nops && ops[stop] != CONTRAST)
+            stop++;
+        last = stop == c->nops;
+        for (y = 0; y < c->height; y++) {
+            if (stage == 0)
+                load_bytes(crop + y * line, p, width);
+            else
+                load_floats(work + y * line, p, width);
+            for (k = start; k < stop; k++)
+                apply_op(ops[k], params + k * PARAMS, p, width, mean);
+            if (!last) {
+                add_sums(p, width, sums);
+                store_floats(p, width, work + y * line);
+            } else if (c->out_floats)
+                store_floats(p, width, work + y * line);
+            else
+                store_bytes(p, width, c->out_bytes + slot * pixels * 3 + y * line);
+        }
+        if (last)
+            break;
+        /* the next contrast's mean luma: cv2.mean's channel means, dotted with the luma weights */
+        mean = (double)GRAY[0] * (sums[0] * (1.0 / pixels)) + (double)GRAY[1] * (sums[1] * (1.0 / pixels)) +
+               (double)GRAY[2] * (sums[2] * (1.0 / pixels));
+    }
+}
+
+static void apply_all(const Chunk *c) {
+    Py_ssize_t i;
+    for (i = 0; i < c->count; i++)
+        apply_image(c, i);
+}
+
+/* Where GCC or clang can check the CPU at run time, an AVX2 + FMA build of the same loop beside
+   the baseline's (whose fmaf calls go to libm). */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void apply_all_avx2(const Chunk *c) {
+    Py_ssize_t i;
+    for (i = 0; i < c->count; i++)
+        apply_image(c, i);
+}
+
+static void run(const Chunk *c) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        apply_all_avx2(c);
+    else
+        apply_all(c);
+}
+#else
+static void run(const Chunk *c) { apply_all(c); }
+#endif
+
+/* ---- argument checks: every array's dtype, shape and layout, before the GIL is released ---- */
+
+/* The bytes of one element of numpy's buffer format code (native sizes: LP64's long). */
+static Py_ssize_t code_size(char code) {
+    switch (code) {
+    case 'B': return 1;
+    case 'i': case 'f': return 4;
+    case 'l': return sizeof(long);
+    case 'q': case 'd': return 8;
+    default: return 0;
+    }
+}
+
+/* The buffer of argument `name`: C-contiguous, of `ndim` dimensions, its elements of one of the
+   format `codes` (at their native size); ValueError saying what is wrong, `what` naming the dtype. */
+static int get_array(PyObject *obj, Py_buffer *view, const char *name, int writable, int ndim, const char *codes,
+                     Py_ssize_t size, const char *what) {
+    const char *format;
+    size_t length;
+    char code;
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be %s array%s, got %.100s", name, what, writable ? " (writable)" : "",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    format = view->format ? view->format : "B";
+    length = strlen(format);
+    code = length ? format[length - 1] : '?';
+    if (length < 1 || length > 2 || (length == 2 && !strchr("@=", format[0])) || !strchr(codes, code) ||
+        view->itemsize != code_size(code) || (size && view->itemsize != size)) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s array, got buffer format %s (%zd bytes)", name, what, format,
+                     view->itemsize);
+    } else if (view->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions, got %d", name, ndim, view->ndim);
+    } else if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
+    } else {
+        return 1;
+    }
+    PyBuffer_Release(view);
+    return 0;
+}
+
+static int check_dim(const Py_buffer *view, const char *name, int dim, Py_ssize_t expected, const char *meaning) {
+    if (view->shape[dim] == expected)
+        return 1;
+    PyErr_Format(PyExc_ValueError, "%s's dimension %d must be %zd (%s), got %zd", name, dim, expected, meaning,
+                 view->shape[dim]);
+    return 0;
+}
+
+PyDoc_STRVAR(apply_chunk_doc,
+             "apply_chunk(crops, out, ops, params, positions)\n--\n\n"
+             "Put crop i of crops (uint8 (m, H, W, 3)) through the op codes ops[positions[i]] (int32 (N, L), in\n"
+             "order) with their parameters params[positions[i]] (float64 (N, L, PARAMS)) into out[positions[i]]\n"
+             "(float32 (N, H, W, 3), or uint8, rounded back), the bytes first scaled to [0, 1]. The GIL is\n"
+             "released for the whole chunk. ValueError names a wrong dtype, shape, layout, position or op.");
+
+static PyObject *apply_chunk(PyObject *self, PyObject *args) {
+    PyObject *objects[5];
+    Py_buffer crops, out, ops, params, positions;
+    int held = 0, floats = 0;
+    Py_ssize_t count, slots, nops, i;
+    Chunk c;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "OOOOO", &objects[0], &objects[1], &objects[2], &objects[3], &objects[4]))
+        return NULL;
+    if (!get_array(objects[0], &crops, "crops", 0, 4, "B", 1, "a uint8"))
+        return NULL;
+    held = 1;
+    if (!get_array(objects[1], &out, "out", 1, 4, "fB", 0, "a float32 or uint8"))
+        goto done;
+    floats = out.itemsize == 4;
+    held = 2;
+    if (!get_array(objects[2], &ops, "ops", 0, 2, "il", 4, "an int32"))
+        goto done;
+    held = 3;
+    if (!get_array(objects[3], &params, "params", 0, 3, "d", 8, "a float64"))
+        goto done;
+    held = 4;
+    if (!get_array(objects[4], &positions, "positions", 0, 1, "lq", 8, "an int64"))
+        goto done;
+    held = 5;
+    count = crops.shape[0], slots = out.shape[0], nops = ops.shape[1];
+    if (!check_dim(&crops, "crops", 3, 3, "RGB") || !check_dim(&out, "out", 1, crops.shape[1], "the crops' height") ||
+        !check_dim(&out, "out", 2, crops.shape[2], "the crops' width") || !check_dim(&out, "out", 3, 3, "RGB") ||
+        !check_dim(&ops, "ops", 0, slots, "out's slots") || !check_dim(&params, "params", 0, slots, "out's slots") ||
+        !check_dim(&params, "params", 1, nops, "ops per slot") ||
+        !check_dim(&params, "params", 2, PARAMS, "parameters per op") ||
+        !check_dim(&positions, "positions", 0, count, "the crops"))
+        goto done;
+    for (i = 0; i < count; i++) {
+        int64_t slot = ((const int64_t *)positions.buf)[i];
+        if (slot < 0 || slot >= slots) {
+            PyErr_Format(PyExc_ValueError, "positions[%zd] is %lld, not a slot of out (0..%zd)", i, (long long)slot,
+                         slots - 1);
+            goto done;
+        }
+    }
+    for (i = 0; i < slots * nops; i++) {
+        int32_t op = ((const int32_t *)ops.buf)[i];
+        if (op < BRIGHTNESS || op > LAST_OP) {
+            PyErr_Format(PyExc_ValueError, "ops[%zd, %zd] is %d, not an op code (%d..%d)", i / nops, i % nops, (int)op,
+                         BRIGHTNESS, LAST_OP);
+            goto done;
+        }
+    }
+    c = (Chunk){crops.buf, floats ? out.buf : NULL, floats ? NULL : out.buf, ops.buf, params.buf, positions.buf,
+                count, crops.shape[1], crops.shape[2], nops, NULL, NULL};
+    if (count > 0 && c.height > 0 && c.width > 0) {
+        c.row = PyMem_RawMalloc((size_t)c.width * 3 * sizeof(float));
+        c.work = floats ? NULL : PyMem_RawMalloc((size_t)c.height * c.width * 3 * sizeof(float));
+        if (!c.row || (!floats && !c.work)) {
+            PyErr_NoMemory();
+            goto freed;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        run(&c);
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+freed:
+    PyMem_RawFree(c.row);
+    PyMem_RawFree(c.work);
+done:
+    if (held >= 1)
+        PyBuffer_Release(&crops);
+    if (held >= 2)
+        PyBuffer_Release(&out);
+    if (held >= 3)
+        PyBuffer_Release(&ops);
+    if (held >= 4)
+        PyBuffer_Release(&params);
+    if (held >= 5)
+        PyBuffer_Release(&positions);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"apply_chunk", apply_chunk, METH_VARARGS, apply_chunk_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_photometric",
+    "ColorJitter, grayscale, ToTensor's scaling and Normalize for a chunk of crops, without the GIL (see _photometric.c).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__photometric(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "BRIGHTNESS", BRIGHTNESS) < 0 ||
+              PyModule_AddIntConstant(m, "CONTRAST", CONTRAST) < 0 ||
+              PyModule_AddIntConstant(m, "SATURATION", SATURATION) < 0 || PyModule_AddIntConstant(m, "HUE", HUE) < 0 ||
+              PyModule_AddIntConstant(m, "GRAYSCALE", GRAYSCALE) < 0 ||
+              PyModule_AddIntConstant(m, "NORMALIZE", NORMALIZE) < 0 ||
+              PyModule_AddIntConstant(m, "PARAMS", PARAMS) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
