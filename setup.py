@@ -22,7 +22,7 @@ setup(
         Extension("stoker.loader._resample", ["stoker/loader/_resample.c"], extra_compile_args=["-ffp-contract=off"],
                   optional=True),
         Extension("stoker.loader._photometric", ["stoker/loader/_photometric.c"],
-                  extra_compile_args=["-ffp-contract=off", "-fno-trapping-math"],
+                  extra_compile_args=["-ffp-contract=off", "-fno-trapping-math", "-fno-wrapv"],
                   optional=True),
     ],
 )

@@ -7,10 +7,16 @@
    GIL is held between them (~210-250 us per 224x224 image measured on the Loader's threads), so the
    Loader's threads queued on it instead of scaling with the cores.
 
-   Each op is one function over a row of planar float pixels (r, g, b arrays): rows stay in the L1
-   cache and the loops vectorize. Contrast blends with the mean luma of the whole image as it is
-   just before it, so it splits an image's ops into stages: each stage is one pass over the rows,
-   and a stage followed by a contrast sums its output's channels (in double, as cv2.mean does).
+   Each op is one function over a row of interleaved pixels (r, g, b, r, g, b, ...) in place, as the
+   image holds them: no split into planes and back. The ops of a stage run on one row after
+   another while it is in the L1 cache, so an image is read and written once per stage. Brightness
+   and contrast are the same product for every value; Normalize's per-channel constants repeat
+   every 24 values (8 pixels, whole vectors); saturation, hue and grayscale read each pixel's r, g, b
+   with stride 3, which GCC vectorizes with shuffles (not under -fwrapv, Python's default flag: its
+   wrapping 3 * i is no longer an affine index, so setup.py adds -fno-wrapv). Contrast blends with
+   the mean luma of the whole image as it is just before it, so it splits an image's ops into
+   stages: each stage is one pass over the rows, and a stage followed by a contrast sums its
+   output's channels. The scaling of the bytes and a first brightness are one pass.
 
    The arithmetic is OpenCV's (its 8-lane AVX2 paths, which the x86-64 wheel of opencv-python runs):
    a fused multiply-add wherever OpenCV's universal intrinsics use one (v_muladd, v_matmuladd), the
@@ -18,7 +24,7 @@
    brightness and the scaling. Built with -ffp-contract=off so that only the fmaf calls below fuse;
    an AVX2+FMA build of the loop beside the baseline is chosen at run time. tests/test_photometric.py
    compares the results with apply_image's: equal to ~1e-6 in float32 (OpenCV's scalar tails of a
-   row, a different summation order of the mean), at most 1 level where rounded back to uint8. */
+   row, the mean summed in float per row, then in double), at most 1 level where rounded back to uint8. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,48 +51,53 @@ static const float GRAY[3] = {0.2989f, 0.587f, 0.114f};
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* One image's rows as planar float pixels. */
-typedef struct {
-    float *r, *g, *b;
-} Row;
+/* A row of pixels as the image holds them: interleaved, x[3 * i + c] for pixel i, channel c. */
+#define PATTERN 24 /* 8 pixels: a whole number of 8-float vectors and of pixels */
 
 INLINE float max_f(float a, float b) { return a > b ? a : b; } /* SSE's maxps, as OpenCV's v_max */
 INLINE float min_f(float a, float b) { return a < b ? a : b; }
 INLINE float clamp_top(float x) { return x > 1.0f ? 1.0f : x; }   /* cv2.THRESH_TRUNC at 1 */
 INLINE float clamp_bottom(float x) { return x > 0.0f ? x : 0.0f; } /* cv2.THRESH_TOZERO at 0 */
+INLINE float clamp(float x) { return clamp_bottom(clamp_top(x)); }
 
-/* x * factor (numpy's float32 product), clamped above only: a factor >= 0 keeps x >= 0. */
-INLINE void brightness(Row p, int n, double factor) {
+/* The crop's bytes to [0, 1] as numpy's float32(x) * float32(1 / 255), then times a brightness
+   factor (numpy's float32 product, clamped above only: a factor >= 0 keeps x >= 0) where one is
+   first: both in one pass, each product rounded as numpy rounds it. */
+INLINE void load_bytes(const uint8_t *src, float *x, int n, double brightness) {
+    const float scale = (float)(1.0 / 255.0), f = (float)brightness;
+    int i;
+    if (brightness == 1)
+        for (i = 0; i < 3 * n; i++)
+            x[i] = (float)src[i] * scale;
+    else if (brightness < 1)
+        for (i = 0; i < 3 * n; i++)
+            x[i] = (float)src[i] * scale * f;
+    else
+        for (i = 0; i < 3 * n; i++)
+            x[i] = clamp_top((float)src[i] * scale * f);
+}
+
+INLINE void brightness(float *x, int n, double factor) {
     float f = (float)factor;
     int i;
-    for (i = 0; i < n; i++) {
-        p.r[i] *= f;
-        p.g[i] *= f;
-        p.b[i] *= f;
-    }
     if (factor > 1)
-        for (i = 0; i < n; i++) {
-            p.r[i] = clamp_top(p.r[i]);
-            p.g[i] = clamp_top(p.g[i]);
-            p.b[i] = clamp_top(p.b[i]);
-        }
+        for (i = 0; i < 3 * n; i++)
+            x[i] = clamp_top(x[i] * f);
+    else
+        for (i = 0; i < 3 * n; i++)
+            x[i] *= f;
 }
 
 /* x * factor + mean * (1 - factor), one fused multiply-add as cv2.addWeighted's. */
-INLINE void contrast(Row p, int n, double factor, double mean) {
+INLINE void contrast(float *x, int n, double factor, double mean) {
     float f = (float)factor, offset = (float)(mean * (1 - factor));
     int i;
-    for (i = 0; i < n; i++) {
-        p.r[i] = fmaf(p.r[i], f, offset);
-        p.g[i] = fmaf(p.g[i], f, offset);
-        p.b[i] = fmaf(p.b[i], f, offset);
-    }
     if (factor > 1)
-        for (i = 0; i < n; i++) {
-            p.r[i] = clamp_bottom(clamp_top(p.r[i]));
-            p.g[i] = clamp_bottom(clamp_top(p.g[i]));
-            p.b[i] = clamp_bottom(clamp_top(p.b[i]));
-        }
+        for (i = 0; i < 3 * n; i++)
+            x[i] = clamp(fmaf(x[i], f, offset));
+    else
+        for (i = 0; i < 3 * n; i++)
+            x[i] = fmaf(x[i], f, offset);
 }
 
 /* One output channel of cv2.transform's 3x3 (+ offset) matrix row m. */
@@ -96,33 +107,35 @@ INLINE float transform(const float *m, float r, float g, float b, float offset) 
 
 /* Blend with the pixel's own luma: the matrix factor * I + (1 - factor) * gray rows (numpy's
    arithmetic: the gray rows are float32, so their product with (1 - factor) is too). */
-INLINE void saturation(Row p, int n, double factor) {
+INLINE void saturation(float *x, int n, double factor) {
     float m[3][3], rest = (float)(1 - factor);
     int i, c, k;
     for (c = 0; c < 3; c++)
         for (k = 0; k < 3; k++)
             m[c][k] = (float)((c == k ? factor : 0.0) + (double)(rest * GRAY[k]));
-    for (i = 0; i < n; i++) {
-        float r = p.r[i], g = p.g[i], b = p.b[i];
-        p.r[i] = transform(m[0], r, g, b, 0.0f);
-        p.g[i] = transform(m[1], r, g, b, 0.0f);
-        p.b[i] = transform(m[2], r, g, b, 0.0f);
-    }
     if (factor > 1)
         for (i = 0; i < n; i++) {
-            p.r[i] = clamp_bottom(clamp_top(p.r[i]));
-            p.g[i] = clamp_bottom(clamp_top(p.g[i]));
-            p.b[i] = clamp_bottom(clamp_top(p.b[i]));
+            float r = x[3 * i], g = x[3 * i + 1], b = x[3 * i + 2];
+            x[3 * i] = clamp(transform(m[0], r, g, b, 0.0f));
+            x[3 * i + 1] = clamp(transform(m[1], r, g, b, 0.0f));
+            x[3 * i + 2] = clamp(transform(m[2], r, g, b, 0.0f));
+        }
+    else
+        for (i = 0; i < n; i++) {
+            float r = x[3 * i], g = x[3 * i + 1], b = x[3 * i + 2];
+            x[3 * i] = transform(m[0], r, g, b, 0.0f);
+            x[3 * i + 1] = transform(m[1], r, g, b, 0.0f);
+            x[3 * i + 2] = transform(m[2], r, g, b, 0.0f);
         }
 }
 
 /* Rotate the HSV hue: OpenCV's float RGB -> HSV (hue in degrees), the shift added, HSV -> RGB. */
-INLINE void hue(Row p, int n, double shift) {
+INLINE void hue(float *x, int n, double shift) {
     double turns = fmod(360.0 * shift, 360.0); /* Python's (360 * shift) % 360: forward only */
     float degrees = (float)(turns < 0 ? turns + 360.0 : turns);
     int i;
     for (i = 0; i < n; i++) {
-        float r = p.r[i], g = p.g[i], b = p.b[i];
+        float r = x[3 * i], g = x[3 * i + 1], b = x[3 * i + 2];
         float high = max_f(max_f(r, g), b), low = min_f(min_f(r, g), b), chroma = high - low;
         float s = chroma / (fabsf(high) + FLT_EPSILON), h, sixths, whole, f, sector;
         float rise_r = g - b, rise_g = b - r, rise = r - g, base_r = g < b ? 360.0f : 0.0f, base = 240.0f;
@@ -163,72 +176,47 @@ INLINE void hue(Row p, int n, double shift) {
             out_b = t3;
         if (sector < 2)
             out_b = t1;
-        p.r[i] = out_r;
-        p.g[i] = out_g;
-        p.b[i] = out_b;
+        x[3 * i] = out_r;
+        x[3 * i + 1] = out_g;
+        x[3 * i + 2] = out_b;
     }
 }
 
 /* Luma in all three channels, where on. */
-INLINE void grayscale(Row p, int n, double on) {
+INLINE void grayscale(float *x, int n, double on) {
     int i;
     if (on == 0)
         return;
     for (i = 0; i < n; i++) {
-        float y = transform(GRAY, p.r[i], p.g[i], p.b[i], 0.0f);
-        p.r[i] = p.g[i] = p.b[i] = y;
+        float y = transform(GRAY, x[3 * i], x[3 * i + 1], x[3 * i + 2], 0.0f);
+        x[3 * i] = x[3 * i + 1] = x[3 * i + 2] = y;
     }
 }
 
-/* (x - mean) / std per channel, as x * (1/std) + (-mean/std). */
-INLINE void normalize(Row p, int n, const double *scale_offset) {
-    float sr = (float)scale_offset[0], sg = (float)scale_offset[1], sb = (float)scale_offset[2];
-    float orr = (float)scale_offset[3], og = (float)scale_offset[4], ob = (float)scale_offset[5];
-    int i;
-    for (i = 0; i < n; i++) {
-        p.r[i] = fmaf(p.r[i], sr, orr);
-        p.g[i] = fmaf(p.g[i], sg, og);
-        p.b[i] = fmaf(p.b[i], sb, ob);
+/* (x - mean) / std per channel, as x * (1/std) + (-mean/std): whole blocks of PATTERN values with
+   the channels' constants repeated to match (they vectorize), then pixel by pixel. */
+INLINE void normalize(float *x, int n, const double *scale_offset) {
+    float scale[PATTERN], offset[PATTERN];
+    int i, k;
+    for (k = 0; k < PATTERN; k++) {
+        scale[k] = (float)scale_offset[k % 3];
+        offset[k] = (float)scale_offset[3 + k % 3];
     }
+    for (i = 0; i + PATTERN <= 3 * n; i += PATTERN)
+        for (k = 0; k < PATTERN; k++)
+            x[i + k] = fmaf(x[i + k], scale[k], offset[k]);
+    for (; i < 3 * n; i++)
+        x[i] = fmaf(x[i], scale[i % 3], offset[i % 3]);
 }
 
-INLINE void apply_op(int op, const double *params, Row p, int n, double mean) {
+INLINE void apply_op(int op, const double *params, float *x, int n, double mean) {
     switch (op) {
-    case BRIGHTNESS: brightness(p, n, params[0]); break;
-    case CONTRAST: contrast(p, n, params[0], mean); break;
-    case SATURATION: saturation(p, n, params[0]); break;
-    case HUE: hue(p, n, params[0]); break;
-    case GRAYSCALE: grayscale(p, n, params[0]); break;
-    case NORMALIZE: normalize(p, n, params); break;
-    }
-}
-
-/* Row loads and stores: the crop's bytes to [0, 1] as numpy's float32(x) * float32(1 / 255). */
-INLINE void load_bytes(const uint8_t *src, Row p, int n) {
-    const float scale = (float)(1.0 / 255.0);
-    int i;
-    for (i = 0; i < n; i++) {
-        p.r[i] = (float)src[3 * i] * scale;
-        p.g[i] = (float)src[3 * i + 1] * scale;
-        p.b[i] = (float)src[3 * i + 2] * scale;
-    }
-}
-
-INLINE void load_floats(const float *src, Row p, int n) {
-    int i;
-    for (i = 0; i < n; i++) {
-        p.r[i] = src[3 * i];
-        p.g[i] = src[3 * i + 1];
-        p.b[i] = src[3 * i + 2];
-    }
-}
-
-INLINE void store_floats(Row p, int n, float *dst) {
-    int i;
-    for (i = 0; i < n; i++) {
-        dst[3 * i] = p.r[i];
-        dst[3 * i + 1] = p.g[i];
-        dst[3 * i + 2] = p.b[i];
+    case BRIGHTNESS: brightness(x, n, params[0]); break;
+    case CONTRAST: contrast(x, n, params[0], mean); break;
+    case SATURATION: saturation(x, n, params[0]); break;
+    case HUE: hue(x, n, params[0]); break;
+    case GRAYSCALE: grayscale(x, n, params[0]); break;
+    case NORMALIZE: normalize(x, n, params); break;
     }
 }
 
@@ -238,32 +226,24 @@ INLINE uint8_t to_byte(float x) {
     return (uint8_t)(y < 0.0f ? 0.0f : y > 255.0f ? 255.0f : y);
 }
 
-INLINE void store_bytes(Row p, int n, uint8_t *dst) {
+INLINE void store_bytes(const float *x, int n, uint8_t *dst) {
     int i;
-    for (i = 0; i < n; i++) {
-        dst[3 * i] = to_byte(p.r[i]);
-        dst[3 * i + 1] = to_byte(p.g[i]);
-        dst[3 * i + 2] = to_byte(p.b[i]);
-    }
+    for (i = 0; i < 3 * n; i++)
+        dst[i] = to_byte(x[i]);
 }
 
-/* Each channel's sum over a row in double, four partial sums per channel (they vectorize). */
-INLINE void add_sums(Row p, int n, double sums[3]) {
-    double acc[3][4] = {{0}};
+/* Each channel's sum over a row, added to sums: float partial sums, PATTERN of them (they
+   vectorize; each adds a row's width / 8 values in [0, 1], ~1e-7 off), then in double. */
+INLINE void add_sums(const float *x, int n, double sums[3]) {
+    float partial[PATTERN] = {0};
     int i, k;
-    for (i = 0; i + 4 <= n; i += 4)
-        for (k = 0; k < 4; k++) {
-            acc[0][k] += p.r[i + k];
-            acc[1][k] += p.g[i + k];
-            acc[2][k] += p.b[i + k];
-        }
-    for (; i < n; i++) {
-        acc[0][0] += p.r[i];
-        acc[1][0] += p.g[i];
-        acc[2][0] += p.b[i];
-    }
-    for (k = 0; k < 3; k++)
-        sums[k] += (acc[k][0] + acc[k][1]) + (acc[k][2] + acc[k][3]);
+    for (i = 0; i + PATTERN <= 3 * n; i += PATTERN)
+        for (k = 0; k < PATTERN; k++)
+            partial[k] += x[i + k];
+    for (; i < 3 * n; i++)
+        sums[i % 3] += x[i];
+    for (k = 0; k < PATTERN; k++)
+        sums[k % 3] += partial[k];
 }
 
 /* Everything one call needs: the arrays (validated), and the scratch of the calling thread. */
@@ -275,18 +255,18 @@ typedef struct {
     const double *params;
     const int64_t *positions;
     Py_ssize_t count, height, width, nops;
-    float *row;  /* 3 * width floats */
     float *work; /* height * width * 3 floats, for uint8 output (float output works in its slot) */
 } Chunk;
 
-/* Crop i of the chunk into its slot, its ops in stages split at each contrast. */
+/* Crop i of the chunk into its slot, its ops in stages split at each contrast. Each stage is one
+   pass over the image, row by row, every op of the stage applied to the row in place while it is
+   in the L1 cache; a stage followed by a contrast sums its output's channels. */
 INLINE void apply_image(const Chunk *c, Py_ssize_t i) {
     Py_ssize_t slot = c->positions[i], pixels = c->height * c->width, line = c->width * 3, y;
     const uint8_t *crop = c->crops + i * pixels * 3;
     const int32_t *ops = c->ops + slot * c->nops;
     const double *params = c->params + slot * c->nops * PARAMS;
     float *work = c->out_floats ? c->out_floats + slot * pixels * 3 : c->work;
-    Row p = {c->row, c->row + c->width, c->row + 2 * c->width};
     int width = (int)c->width;
     Py_ssize_t start, stop, k;
     double mean = 0;
@@ -295,25 +275,25 @@ INLINE void apply_image(const Chunk *c, Py_ssize_t i) {
     /* stage 0: the ops before the first contrast; each later stage: a contrast and the ops up to the next */
     for (stage = 0, start = 0;; stage++, start = stop) {
         double sums[3] = {0, 0, 0};
+        Py_ssize_t first = start;
         int last;
         stop = stage == 0 ? 0 : start + 1;
         while (stop < c->nops && ops[stop] != CONTRAST)
             stop++;
         last = stop == c->nops;
         for (y = 0; y < c->height; y++) {
-            if (stage == 0)
-                load_bytes(crop + y * line, p, width);
-            else
-                load_floats(work + y * line, p, width);
-            for (k = start; k < stop; k++)
-                apply_op(ops[k], params + k * PARAMS, p, width, mean);
-            if (!last) {
-                add_sums(p, width, sums);
-                store_floats(p, width, work + y * line);
-            } else if (c->out_floats)
-                store_floats(p, width, work + y * line);
-            else
-                store_bytes(p, width, c->out_bytes + slot * pixels * 3 + y * line);
+            float *x = work + y * line;
+            if (stage == 0) { /* the scaling, with a first brightness */
+                int bright = start < stop && ops[start] == BRIGHTNESS;
+                load_bytes(crop + y * line, x, width, bright ? params[start * PARAMS] : 1.0);
+                first = start + bright;
+            }
+            for (k = first; k < stop; k++)
+                apply_op(ops[k], params + k * PARAMS, x, width, mean);
+            if (!last)
+                add_sums(x, width, sums);
+            else if (!c->out_floats)
+                store_bytes(x, width, c->out_bytes + slot * pixels * 3 + y * line);
         }
         if (last)
             break;
@@ -458,11 +438,10 @@ static PyObject *apply_chunk(PyObject *self, PyObject *args) {
         }
     }
     c = (Chunk){crops.buf, floats ? out.buf : NULL, floats ? NULL : out.buf, ops.buf, params.buf, positions.buf,
-                count, crops.shape[1], crops.shape[2], nops, NULL, NULL};
+                count, crops.shape[1], crops.shape[2], nops, NULL};
     if (count > 0 && c.height > 0 && c.width > 0) {
-        c.row = PyMem_RawMalloc((size_t)c.width * 3 * sizeof(float));
         c.work = floats ? NULL : PyMem_RawMalloc((size_t)c.height * c.width * 3 * sizeof(float));
-        if (!c.row || (!floats && !c.work)) {
+        if (!floats && !c.work) {
             PyErr_NoMemory();
             goto freed;
         }
@@ -473,7 +452,6 @@ static PyObject *apply_chunk(PyObject *self, PyObject *args) {
     Py_INCREF(Py_None);
     result = Py_None;
 freed:
-    PyMem_RawFree(c.row);
     PyMem_RawFree(c.work);
 done:
     if (held >= 1)
