@@ -22,7 +22,10 @@
    a fused multiply-add wherever OpenCV's universal intrinsics use one (v_muladd, v_matmuladd), the
    same FLT_EPSILON guards and sector selection in the HSV round trip, numpy's float32 products for
    brightness and the scaling. Built with -ffp-contract=off so that only the fmaf calls below fuse;
-   an AVX2+FMA build of the loop beside the baseline is chosen at run time. tests/test_photometric.py
+   an AVX2+FMA build of the loop beside the baseline is chosen at run time. The other flags
+   setup.py gives let GCC vectorize without changing a value: -fno-wrapv (above), and
+   -ffinite-math-only -fno-signed-zeros, without which a clamp compiles to a compare and a blend
+   instead of minps/maxps (every value here is finite, and the sign of a zero changes no result). tests/test_photometric.py
    compares the results with apply_image's: equal to ~1e-6 in float32 (OpenCV's scalar tails of a
    row, the mean summed in float per row, then in double), at most 1 level where rounded back to uint8. */
 
@@ -56,8 +59,9 @@ static const float GRAY[3] = {0.2989f, 0.587f, 0.114f};
 
 INLINE float max_f(float a, float b) { return a > b ? a : b; } /* SSE's maxps, as OpenCV's v_max */
 INLINE float min_f(float a, float b) { return a < b ? a : b; }
-INLINE float clamp_top(float x) { return x > 1.0f ? 1.0f : x; }   /* cv2.THRESH_TRUNC at 1 */
-INLINE float clamp_bottom(float x) { return x > 0.0f ? x : 0.0f; } /* cv2.THRESH_TOZERO at 0 */
+/* cv2.THRESH_TRUNC at 1 and THRESH_TOZERO at 0 */
+INLINE float clamp_top(float x) { return min_f(1.0f, x); }
+INLINE float clamp_bottom(float x) { return max_f(x, 0.0f); }
 INLINE float clamp(float x) { return clamp_bottom(clamp_top(x)); }
 
 /* The crop's bytes to [0, 1] as numpy's float32(x) * float32(1 / 255), then times a brightness
