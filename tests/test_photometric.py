@@ -80,21 +80,21 @@ def _reference(augment: Augment, crops: np.ndarray, draws, dtype: type) -> np.nd
     return out
 
 
-def _native(augment: Augment, crops: np.ndarray, draws, dtype: type) -> np.ndarray:
+def _native(augment: Augment, crops: np.ndarray, draws, dtype: type, build: str | None = None) -> np.ndarray:
     n = len(crops)
     codes, params = encode(augment, draws, n)
     out = np.full(crops.shape, 7, dtype)
-    _photometric.apply_chunk(crops, out, codes, params, np.arange(n, dtype=np.int64))
+    _photometric.apply_chunk(crops, out, codes, params, np.arange(n, dtype=np.int64), build=build)
     return out
 
 
 def _compare(ops: tuple, size: tuple[int, int], seed: int, n: int = 6, kind: str = "random",
-             dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+             dtype: type = np.float32, build: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     augment = _augment(ops, seed)
     assert supports(augment)
     crops = _crops(n, size, seed, kind)
     draws = augment.draw((np.full(n, size[0]), np.full(n, size[1])), step=seed)
-    expected, got = _reference(augment, crops, draws, dtype), _native(augment, crops, draws, dtype)
+    expected, got = _reference(augment, crops, draws, dtype), _native(augment, crops, draws, dtype, build)
     if dtype == np.uint8:
         assert np.abs(got.astype(int) - expected.astype(int)).max() <= 1
     else:
@@ -137,6 +137,26 @@ def test_rounded_back_to_uint8_within_one_level(name):
     for seed in range(4):
         for kind in ("random", "levels"):
             _compare(ops, (37, 53), seed, kind=kind, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("build", _photometric.BUILDS)
+def test_every_build_this_cpu_runs_gives_apply_images_pixels(build):
+    """The tests above run the fastest build (AVX-512 where the CPU has it); the slower ones, which
+    other CPUs run, are checked here: every op together, twice, in uint8, and at the edge values."""
+    for name in ("everything", "twice", "jitter sometimes"):
+        for seed in range(2):
+            _compare(OPS[name], (37, 53), seed, build=build)
+            _compare(OPS[name][:2], (37, 53), seed, kind="levels", dtype=np.uint8, build=build)
+    for ops in EDGES.values():
+        for kind in ("random", "constant", "levels"):
+            _compare(ops, (19, 23), 0, kind=kind, build=build)
+
+
+def test_a_build_this_cpu_cannot_run_is_refused():
+    args = _good()
+    with pytest.raises(ValueError, match="^build sse9 is not one this CPU runs"):
+        _photometric.apply_chunk(*args.values(), build="sse9")
+    assert _photometric.BUILDS[-1] == "baseline"
 
 
 def test_a_chunk_goes_to_its_positions_with_their_parameters():

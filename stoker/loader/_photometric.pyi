@@ -9,5 +9,7 @@ HUE: int
 GRAYSCALE: int
 NORMALIZE: int
 PARAMS: int
+BUILDS: tuple[str, ...]
 
-def apply_chunk(crops: Buffer, out: Buffer, ops: Buffer, params: Buffer, positions: Buffer) -> None: ...
+def apply_chunk(crops: Buffer, out: Buffer, ops: Buffer, params: Buffer, positions: Buffer, *,
+                build: str | None = None) -> None: ...
