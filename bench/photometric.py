@@ -1,8 +1,9 @@
 """The photometric ops of a translated torchvision train pipeline (ColorJitter(0.4, 0.4, 0.4),
 ToTensor, Normalize; optionally RandomGrayscale and a hue jitter) per 224x224 crop: today's
 ``Augment.apply_image`` image by image beside ``_photometric.apply_chunk`` over the same crops and
-draws, in one run. Prints us per image: the median of several passes of the thread's CPU time
-(a busy machine distorts it less than wall time).
+draws, in one run, the default build (the fastest this CPU runs) first, then each slower one other
+CPUs run. Prints us per image: the median of several passes of the thread's CPU time (a busy
+machine distorts it less than wall time).
 
     PYTHONPATH=$PWD python bench/photometric.py [--size 224] [--batch 64] [--passes 7]
 """
@@ -10,6 +11,7 @@ draws, in one run. Prints us per image: the median of several passes of the thre
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -47,12 +49,15 @@ def main() -> None:
     crops = np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
     print(f"{n} crops of {size}x{size}, us per image (median of {args.passes} passes, one thread)")
     for name, ops in PIPELINES.items():
-        old, new = compare(Augment(*ops, seed=0, device="cpu", backend="opencv", threads=1), crops, args.passes)
-        print(f"  {name}\n    apply_image loop {old:7.1f}   apply_chunk {new:7.1f} (GIL released)   {old / new:.2f}x")
+        old, *new = compare(Augment(*ops, seed=0, device="cpu", backend="opencv", threads=1), crops, args.passes)
+        print(f"  {name}\n    apply_image loop {old:7.1f}   apply_chunk {new[0]:7.1f} (GIL released)   {old / new[0]:.2f}x")
+        for build, us in zip(_photometric.BUILDS[1:], new[1:], strict=True):
+            print(f"{'':27}{build + ' build':>15} {us:7.1f}{'':18}{old / us:.2f}x")
 
 
-def compare(augment: Augment, crops: np.ndarray, passes: int) -> tuple[float, float]:
-    """us per image of apply_image crop by crop, and of encode + apply_chunk over all, on the same draws."""
+def compare(augment: Augment, crops: np.ndarray, passes: int) -> list[float]:
+    """us per image of apply_image crop by crop, then of encode + apply_chunk over all in each of
+    ``_photometric.BUILDS``, on the same draws."""
     n, size = len(crops), crops.shape[1:3]
     out = np.empty(crops.shape, np.float32)
     positions = np.arange(n, dtype=np.int64)
@@ -62,11 +67,12 @@ def compare(augment: Augment, crops: np.ndarray, passes: int) -> tuple[float, fl
         for i in range(n):
             augment.apply_image(crops[i], i, draws, out[i])
 
-    def native() -> None:
+    def native(build: str) -> None:
         codes, params = encode(augment, draws, n)
-        _photometric.apply_chunk(crops, out, codes, params, positions)
+        _photometric.apply_chunk(crops, out, codes, params, positions, build=build)
 
-    return per_image_us(today, n, passes), per_image_us(native, n, passes)
+    return [per_image_us(today, n, passes)] + [per_image_us(functools.partial(native, build), n, passes)
+                                               for build in _photometric.BUILDS]
 
 if __name__ == "__main__":
     main()
