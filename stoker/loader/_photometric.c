@@ -319,7 +319,7 @@ static void apply_all(const Chunk *c) {
    calls go to libm). Every build computes the same values; apply_chunk runs the first that this
    CPU can, or the one asked for (BUILDS lists them, so that the tests check each). */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"))) static void
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) static void
 apply_all_avx512(const Chunk *c) {
     Py_ssize_t i;
     for (i = 0; i < c->count; i++)
