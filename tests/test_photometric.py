@@ -1,7 +1,7 @@
 """stoker.loader._photometric: an Augment's ColorJitter, grayscale, scaling and Normalize for a chunk of
 crops in one call without the GIL, checked against ``Augment.apply_image`` (the OpenCV path it
 replaces) on the same draws: every op alone and together, random draws and sizes, edge values,
-uint8 output, threads, and bad arrays.
+uint8 output, threads, every build this CPU runs (AVX-512, AVX2, baseline), and bad arrays.
 
 Equal to 1e-5 in float32 (values after Normalize reach ~2.6; OpenCV's arithmetic differs from row to
 row only in its scalar tails and summation order), and within 1 level where rounded back to uint8.
