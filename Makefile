@@ -21,14 +21,14 @@ JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /
 
 .PHONY: demo test lint clean wheel sanitize
 
-$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
+$(STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/loader/_photometric.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a CPU build installs quickly here; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
+$(TV_STAMP): pyproject.toml setup.py stoker/loader/_jpeg_region.c stoker/loader/_resample.c stoker/loader/_photometric.c stoker/pack/_jpeg_restart.c stoker/_jpeg_strict.h
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(TV_BIN)/pip install --quiet -e '.[test]'
