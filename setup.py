@@ -6,7 +6,9 @@ libjpeg-turbo8-dev / libjpeg62-turbo-dev / libjpeg-turbo-devel) the build only w
 installs without them; the Loader then decodes whole images with simplejpeg and warns once (`stoker
 env` lists it), and --restart-rows is refused. `make wheel` builds a wheel that carries libjpeg-turbo
 (auditwheel repair). stoker.loader._resample (Pillow's resize, cut to a crop: the exact Resize +
-CenterCrop path) needs only a C compiler; without it that path calls Pillow.
+CenterCrop path) needs only a C compiler; without it that path calls Pillow. So does
+stoker.loader._photometric (ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL);
+without it the Loader augments each image with OpenCV calls.
 """
 
 from setuptools import Extension, setup
@@ -23,6 +25,11 @@ setup(
         Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
                   depends=["stoker/_jpeg_strict.h"], optional=True),
         Extension("stoker.loader._resample", ["stoker/loader/_resample.c"], extra_compile_args=["-ffp-contract=off"],
+                  optional=True),
+        Extension("stoker.loader._photometric", ["stoker/loader/_photometric.c"],
+                  # its header says why each: fused multiply-adds only where written, vectorized loops
+                  extra_compile_args=["-ffp-contract=off", "-fno-trapping-math", "-fno-wrapv", "-ffinite-math-only",
+                                      "-fno-signed-zeros"],
                   optional=True),
     ],
 )

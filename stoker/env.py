@@ -30,6 +30,7 @@ from stoker.version import __version__
 
 REGION_DECODE = "stoker.loader._jpeg_region"
 EXACT_RESIZE = "stoker.loader._resample"
+PHOTOMETRIC = "stoker.loader._photometric"
 FIX = ("install stoker's wheel, which carries libjpeg-turbo (`make wheel`, then pip install dist/stoker-*.whl), "
        "or install libjpeg-turbo's headers (libjpeg-turbo8-dev, libjpeg62-turbo-dev or libjpeg-turbo-devel) and "
        "reinstall stoker from source")
@@ -52,7 +53,7 @@ class Part:
 def parts() -> list[Part]:
     """Every optional fast path, probed now. Counting GPUs initialises the CUDA driver in this
     process, as torch.cuda does: a process forked after it cannot use CUDA."""
-    return [_region_decode(), _exact_resize(), _simplejpeg(), _opencv(),
+    return [_region_decode(), _exact_resize(), _photometric(), _simplejpeg(), _opencv(),
             _installed("PyAV", "av", "video data sets (pack --video-mode, VideoClipDataset)", "video"),
             _gpu_decode(),
             _installed("Ray", "ray", "stoker pack --engine ray", "ray"),
@@ -134,6 +135,14 @@ def _exact_resize() -> Part:
         return Part("exact resize", False, "", f"Resize + CenterCrop resized whole by Pillow instead (~3x the time): "
                                                f"{error}. Fix: reinstall stoker with a C compiler")
     return Part("exact resize", True, "", "torchvision's Resize + CenterCrop pixels, computed for the crop alone")
+
+
+def _photometric() -> Part:
+    error = _import_error(PHOTOMETRIC)
+    if error is not None:
+        return Part("photometric", False, "", f"ColorJitter, grayscale and Normalize run per image through OpenCV, "
+                                              f"holding the GIL between calls: {error}. Fix: reinstall stoker with a C compiler")
+    return Part("photometric", True, "", "ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL")
 
 
 def _simplejpeg() -> Part:
