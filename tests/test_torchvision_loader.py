@@ -240,7 +240,8 @@ def test_explain_says_what_runs_where_and_why(packed):
     decode, batched, per_sample = text.index("fused into the decode"), text.index("batched:"), text.index("per sample,")
     assert decode < text.index("RandomResizedCrop") < text.index("RandomHorizontalFlip") < batched
     assert batched < text.index("ColorJitter") < text.index("Normalize") < per_sample < text.index("RandomErasing")
-    assert "CPU, each image by the loader thread that decoded it" in text
+    assert "CPU, one native call per chunk of crops on each thread" in text  # ColorJitter + Normalize: native
+    assert "read, decode, crop: one native call per chunk of samples" in text
     assert "RandomErasing has no batched counterpart" in text and "output: the per-sample results, stacked" in text
 
 

@@ -23,10 +23,12 @@ from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.errors import CorruptDataError, TransformError
+from stoker.loader import photometric
 from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 from stoker.loader.native_chunk import decode_samples, decodes_natively
+from stoker.loader.photometric import NativeOps, encode
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
 _READ_BUFFER_BYTES = 16 << 20
@@ -75,6 +77,7 @@ class Batch:
     encoded: list[torch.Tensor] | None = None  # decode="gpu": each sample's bytes, decoded on the GPU
     replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per sample: a damaged one was skipped
     augment_draws: Draws | None = None  # the batched augmentation's parameters, drawn once for the batch
+    native_ops: NativeOps | None = None  # the same as the photometric extension's arrays, where it runs them
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,15 @@ class BatchMaker:
         else:
             draws = self.draws(epoch, number, n)
         transformed: list[Any] | None = [None] * n if self.transform is not None else None
-        augment_draws = None
+        augment_draws, native_ops = None, None
         if self.augment is not None:
             height, width = shape[1:3]
             augment_draws = self.augment.augment.draw((np.full(n, height), np.full(n, width)),
                                                       step=self.augment_step(epoch, number))
+            if self.augments_natively():
+                native_ops = encode(self.augment.augment, augment_draws, n)
         return Batch(epoch, number, np.array(indices), images, labels, draws, transformed,
-                     replaced=np.zeros(n, bool), augment_draws=augment_draws)
+                     replaced=np.zeros(n, bool), augment_draws=augment_draws, native_ops=native_ops)
 
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
         """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
@@ -151,23 +156,23 @@ class BatchMaker:
 
     def fill(self, batch: Batch, positions: np.ndarray) -> None:
         """Read, decode, crop, augment and place the samples at ``positions`` of ``batch`` (any thread):
-        first all of them in one native call where it can (native_chunk.py), then one by one what is left."""
+        first all of them in one native call where it can (native_chunk.py), then one by one what is
+        left; the augmentation in one native call too where it can (photometric.py)."""
         pixels, targets = batch.images.numpy(), batch.labels.numpy()
         positions = np.asarray(positions, np.int64)
-        crops, made = self._decode_natively(batch, positions)
+        crops, made = self._decode_natively(batch, positions)  # crops: this thread's scratch, to augment from
         for k, j in enumerate(map(int, positions)):
             if self.crop is None:
                 targets[j] = self._place_readable(batch, j, None)
-            elif self.augment is None:
-                if not made[k]:
-                    targets[j] = self._place_readable(batch, j, pixels[j])
-            else:
-                assert crops is not None
-                cropped = crops[k]  # decoded into this thread's scratch, then augmented into the batch
-                if not made[k]:
-                    targets[j] = self._place_readable(batch, j, cropped)
-                self._augment(batch, j, cropped, pixels[j])
-            if batch.transformed is not None:
+            elif not made[k]:
+                targets[j] = self._place_readable(batch, j, pixels[j] if crops is None else crops[k])
+        if crops is not None and batch.native_ops is not None:
+            photometric.apply(crops, pixels, batch.native_ops, positions)
+        elif crops is not None:
+            for k, j in enumerate(map(int, positions)):
+                self._augment(batch, j, crops[k], pixels[j])
+        if batch.transformed is not None:
+            for j in map(int, positions):
                 # the whole image as ImageFolder gives it, or the crop as (3, H, W) ((T, 3, H, W) for a
                 # clip); a tensor view only here: making one costs ~20 us of held GIL per image
                 image = batch.transformed[j] if self.crop is None else batch.images[j].movedim(-1, -3)
@@ -209,6 +214,16 @@ class BatchMaker:
         else:
             reason = f"{type(self).__name__} reads its samples its own way"
         return f"per image from Python ({reason})"
+
+    def augments_natively(self) -> bool:
+        """Whether the batched augmentation runs as one native call per chunk (photometric.py)."""
+        return self.augment is not None and photometric.supports(self.augment.augment)
+
+    def augment_route(self) -> str:
+        """How the batched augmentation runs on the CPU, for :meth:`Loader.explain`."""
+        if self.augments_natively():
+            return "one native call per chunk of crops on each thread, the GIL released (stoker.loader._photometric)"
+        return "each image by the loader thread that decoded it (stoker.augment's OpenCV ops)"
 
     def natively_decoded(self) -> bool:
         """Whether this maker's samples go through one native call per chunk (native_chunk.py): a

@@ -195,7 +195,7 @@ class Loader:
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
-            where = "stoker.augment on the CPU, each image by the loader thread that decoded it, parameters drawn per batch"
+            where = f"stoker.augment on the CPU, {self._batch_maker().augment_route()}, parameters drawn per batch"
         if self.processes:
             where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
         workers = f"  workers: {self.workers.describe()} ({self.workers.reason})"
