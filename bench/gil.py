@@ -1,10 +1,19 @@
-"""GIL held per image by a running stoker.Loader, sampled by py-spy, beside the per-image path.
+"""GIL held per image by a running stoker.Loader, beside the per-image path, measured two ways.
 
 The GIL is what stops a process's threads from adding speed: a process makes at most
 1 / (GIL seconds per image) images per second, whatever its cores. This script starts a Loader in
-a process of its own, lets it warm up, then samples it with ``py-spy record --gil`` (only the
-thread holding the GIL is recorded, so samples / rate = seconds the GIL was held) while counting
-the images it made, and prints GIL us per image, the rate, and where the GIL was held most.
+a process of its own, lets it warm up, then, while counting the images it makes:
+
+  py-spy     samples it with ``py-spy record --gil`` (only the thread holding the GIL is recorded,
+             so samples / rate = seconds the GIL was held), and says where the GIL was held most.
+             Wall-clock time: a thread preempted while it holds the GIL counts the whole time, so
+             on a machine with fewer cores than runnable threads (2 cores: the loader's threads,
+             the loop and py-spy) short holds are inflated many times over.
+  CPU        the process's CPU time less the CPU time its threads spent inside the native calls
+             that run without the GIL (decode_chunk, the photometric apply_chunk; timed per call
+             with the calling thread's CPU clock): an upper bound on the CPU time spent holding
+             the GIL (other C code that releases it counts as held), which preemption does not
+             inflate. Native path only (the per-image path has no such calls to subtract).
 
 Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
@@ -38,13 +47,35 @@ from _common import header, prepared_photos
 PATHS = ("native", "per-image")
 
 
-def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, count, ready) -> None:
-    """The measured process: a Loader over ``shards`` made epoch after epoch, ``count`` its images."""
-    import stoker
-    from stoker.loader import native_chunk
+IMAGES, PROCESS_CPU, NATIVE_CPU = range(3)  # the measured process's progress, in a shared array
 
-    if path == "per-image":
-        native_chunk.decode_chunk = None  # the Loader as it runs where the extension's decode_chunk is missing
+
+def _cpu_counted(function, progress):
+    """``function``, adding the calling thread's CPU time inside it to ``progress[NATIVE_CPU]``."""
+
+    def timed(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            with progress.get_lock():
+                progress[NATIVE_CPU] += time.thread_time() - start
+
+    return timed
+
+
+def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, progress, ready) -> None:
+    """The measured process: a Loader over ``shards`` made epoch after epoch; ``progress`` its images,
+    its CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
+    import stoker
+    from stoker.loader import native_chunk, photometric
+
+    if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
+        native_chunk.decode_chunk = None
+        photometric._photometric = None
+    else:
+        native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
+        photometric.apply = _cpu_counted(photometric.apply, progress)
     if pipeline == "train":
         from stoker.bench.readers.standard import pipeline as standard
 
@@ -56,18 +87,20 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     while True:
         loader.set_epoch(epoch)
         for _, labels in loader:
-            with count.get_lock():
-                count.value += len(labels)
+            with progress.get_lock():
+                progress[IMAGES] += len(labels)
+                progress[PROCESS_CPU] = time.process_time()
         if epoch == 0:
             ready.set()
         epoch += 1
 
 
-def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float, Counter]:
-    """(GIL us per image, images per second, GIL samples by the function holding it) for one run."""
+def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float | None, float, Counter]:
+    """(py-spy's GIL us per image, the CPU bound's (None on the per-image path), images per second,
+    GIL samples by the function holding it) for one run."""
     context = mp.get_context("spawn")
-    count, ready = context.Value("q", 0), context.Event()
-    child = context.Process(target=run_loader, args=(str(shards), args.pipeline, args.threads, path, args.batch, count,
+    progress, ready = context.Array("d", 3), context.Event()
+    child = context.Process(target=run_loader, args=(str(shards), args.pipeline, args.threads, path, args.batch, progress,
                                                      ready), daemon=True)
     child.start()
     try:
@@ -75,11 +108,13 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
             raise SystemExit("the Loader did not finish its first epoch in 300 s")
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "gil.txt"
-            start_count, start = count.value, time.perf_counter()
+            with progress.get_lock():
+                before, start = list(progress), time.perf_counter()
             subprocess.run([spy, "record", "--gil", "--rate", str(args.rate), "--duration", str(args.seconds),
                             "--format", "raw", "--output", str(raw), "--pid", str(child.pid)],
                            check=True, capture_output=True)
-            images, elapsed = count.value - start_count, time.perf_counter() - start
+            with progress.get_lock():
+                after, elapsed = list(progress), time.perf_counter() - start
             samples: Counter = Counter()
             for line in raw.read_text().splitlines():
                 stack, _, n = line.rpartition(" ")
@@ -87,8 +122,12 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
     finally:
         child.kill()
         child.join()
+    images = after[IMAGES] - before[IMAGES]
     held = sum(samples.values()) / args.rate
-    return held / images * 1e6, images / elapsed, samples
+    cpu = None
+    if path == "native":
+        cpu = ((after[PROCESS_CPU] - before[PROCESS_CPU]) - (after[NATIVE_CPU] - before[NATIVE_CPU])) / images * 1e6
+    return held / images * 1e6, cpu, images / elapsed, samples
 
 
 def main() -> None:
@@ -107,26 +146,34 @@ def main() -> None:
         raise SystemExit("bench/gil.py needs py-spy: pip install 'stoker[bench]'")
     header(f"GIL held per image, {args.pipeline} pipeline, {args.threads} threads, batches of {args.batch}")
     _, shards = prepared_photos(args.data, args.count)
-    results: dict[str, list[tuple[float, float]]] = {path: [] for path in PATHS}
+    results: dict[str, list[tuple[float, float | None, float]]] = {path: [] for path in PATHS}
     where: dict[str, Counter] = {path: Counter() for path in PATHS}
-    order = [PATHS[i % 2] for i in range(2 * args.repeat + 1)][: 2 * args.repeat]  # A B A B ...
+    order = [PATHS[i % 2] for i in range(2 * args.repeat)]  # A B A B ...
     for path in order:
-        gil, rate, samples = measure(shards, args, path, spy)
-        results[path].append((gil, rate))
+        gil, cpu, rate, samples = measure(shards, args, path, spy)
+        results[path].append((gil, cpu, rate))
         where[path] += samples
-        print(f"  {path:9}  {gil:7.1f} us GIL per image  {rate:7.0f} img/s")
-    print(f"\nmedians of {args.repeat} ({args.seconds} s each, {args.rate} samples/s):")
+        print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s")
+    print(f"\nmedians of {args.repeat} ({args.seconds} s each, {args.rate} samples/s), GIL held per image:")
+    medians = {}
     for path in PATHS:
-        gil = statistics.median(g for g, _ in results[path])
-        rate = statistics.median(r for _, r in results[path])
-        print(f"  {path:9}  {gil:7.1f} us GIL per image  {rate:7.0f} img/s  (at most {1e6 / gil:,.0f} img/s per process)")
-    ratio = statistics.median(g for g, _ in results["per-image"]) / statistics.median(g for g, _ in results["native"])
-    print(f"  per-image / native GIL: {ratio:.1f}x")
+        gil = statistics.median(g for g, _, _ in results[path])
+        cpus = [c for _, c, _ in results[path] if c is not None]
+        cpu = statistics.median(cpus) if cpus else None
+        rate = statistics.median(r for _, _, r in results[path])
+        medians[path] = gil
+        bound = f"(at most {1e6 / (cpu or gil):,.0f} img/s per process)"
+        print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s  {bound}")
+    print(f"  per-image / native, py-spy: {medians['per-image'] / medians['native']:.1f}x")
     for path in PATHS:
         total = sum(where[path].values())
         print(f"\nwhere the GIL was held, {path} (share of samples):")
         for function, n in where[path].most_common(8):
             print(f"  {n / total:6.1%}  {function}")
+
+
+def _us(value: float | None) -> str:
+    return f"{value:7.1f} us" if value is not None else "      - us"
 
 
 if __name__ == "__main__":

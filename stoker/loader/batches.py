@@ -100,12 +100,12 @@ class BatchMaker:
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
               pixels: torch.Tensor | None = None) -> Batch:
         """Start batch ``number`` of ``epoch`` (its samples are ``indices``) and draw its crops; its
-        pixels go into ``pixels`` (a reused buffer of the batch's shape), else fresh memory:
+        pixels go into ``pixels`` (a reused buffer of at least the batch's shape), else fresh memory:
         shared memory with ``shared``, for a worker process to hand over without a copy."""
         n, dtype = len(indices), self.pixel_dtype()
         shape, nbytes = (n, *self.sample_shape()), (n, *self.buffer_shape())
-        if pixels is not None and tuple(pixels.shape) == nbytes:
-            images = pixels.view(dtype)
+        if pixels is not None and tuple(pixels.shape[1:]) == nbytes[1:] and len(pixels) >= n:
+            images = pixels[:n].view(dtype)  # the epoch's short last batch too: no fresh 24-38 MB to fault in
         elif shared:
             images = torch.empty(shape, dtype=dtype).share_memory_()
         else:
