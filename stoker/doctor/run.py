@@ -22,6 +22,7 @@ from tqdm import tqdm
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
+from stoker.doctor.contention import CpuWatch
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
 from stoker.doctor.pack_probe import PackProbe, probe_pack
 from stoker.doctor.prove import Sample, run_proof
@@ -80,7 +81,9 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     storage = None if user_dataset else probe_storage(target, workers=max(1, workers), seconds=budget["storage"], ssd=ssd)
     steps.update()
     steps.set_postfix_str("decode and transform")
+    watch = CpuWatch().start()
     decode, stages, good, blobs = _compute(target, transform, size, decode_mode, int(budget["decoded"]), budget["compute"])
+    compute_cpu = watch.stop()
     steps.update()
     steps.set_postfix_str("loaders")
     per_core = combined_rate([s.per_core for s in stages] + ([decode.pillow_per_core] if decode else []))
@@ -124,7 +127,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     target_info = {"kind": target.kind, "description": target.description, "num_samples": target.num_samples,
                    "estimated": target.estimated, "sample_size": target.sample_size}
     return DoctorReport(target_info, settings, storage, decode, stages, loaders, verdict, time.perf_counter() - started,
-                        notes, pack, proof)
+                        notes, pack, proof, compute_cpu)
 
 
 def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None) -> None:
@@ -184,7 +187,8 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
     common: dict[str, Any] = dict(
         source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
         step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
-        loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
+        loader_workers=best.workers, loader_other_cores=(best.cpu.other_cores or 0.0) if best.cpu else 0.0,
+        available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
         user_transform=user_transform)
     if storage is None or decode is None or pack is None:
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
