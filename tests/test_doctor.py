@@ -8,12 +8,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from xml.etree import ElementTree
 
 import jsonschema
 import pytest
@@ -25,7 +26,8 @@ from stoker.doctor import doctor, write_html
 from stoker.doctor.compute_probe import probe_decode, shrink_as_pack
 from stoker.doctor.contention import CpuWatch, DiskWatch, block_device
 from stoker.doctor.pack_probe import probe_pack
-from stoker.doctor.report import SCHEMA_PATH, _decode_lines
+from stoker.doctor.prove import Proof
+from stoker.doctor.report import SCHEMA_PATH, DoctorReport, _decode_lines
 from stoker.doctor.standard import RandomHorizontalFlip, RandomResizedCrop, ToUint8Tensor
 from stoker.doctor.target import open_target
 from stoker.doctor.verdict import Figures, diagnose
@@ -199,15 +201,43 @@ def test_cli_json_and_html(photos, tmp_path):
     out = subprocess.run([sys.executable, "-m", "stoker.cli", "doctor", str(photos), "--quick", "--json",
                           "--step-time", "0.02", "--html", str(page)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    validate(json.loads(out.stdout))
+    data = json.loads(out.stdout)
+    validate(data)
     html = page.read_text()
-    assert html.count("<svg") == 2 and "Cold read latency" in html
+    assert html.count("<svg") == 2 + bool(data["verdict"]["remedies"]) and "Cold read latency" in html
 
 
 def test_html_of_a_report_object(photos, tmp_path):
     report = doctor(photos, step_time=0.02, quick=True, workers=0)
     write_html(report, tmp_path / "r.html")
     assert "GPU consumes" in (tmp_path / "r.html").read_text()
+
+
+def test_html_charts_the_remedies_against_the_gpu_line(tmp_path):
+    """The remedies chart: the rate now, each predicted rate and --prove's measured one as bars
+    on one scale with the GPU's line; the text report wraps to the page; formulas read in words."""
+    verdict = diagnose(figures(storage_rate=1e5, sequential_rate=1e5, loader_rate=700.0, loader_workers=2,
+                               step_time=0.1, stoker_loader_cold=2600.0))  # the GPU consumes 2,560 img/s
+    top = verdict.remedies[0]
+    proof = [Proof(top.name, top.predicted_images_per_s, 2560.0, 1900.0, 4.0, "a trial")]
+    report = DoctorReport({"description": "/data/train", "kind": "folder", "num_samples": 1000, "estimated": False,
+                           "sample_size": 120}, {"batch_size": 256, "step_time": 0.1}, None, None, [], [], verdict,
+                          1.0, proof=proof)
+    write_html(report, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "white-space:pre-wrap" in page
+    assert "predicted from" in page and "     = " not in page
+    chart = ElementTree.fromstring(page[page.index("<svg", page.index("Remedies: img/s")):].split("</svg>")[0] + "</svg>")
+    svg = "{http://www.w3.org/2000/svg}"
+    bars = {rect.find(f"{svg}title").text.rsplit(": ", 1)[0]: float(rect.get("width")) for rect in chart.iter(f"{svg}rect")}
+    predicted = [r for r in verdict.remedies if r.predicted_images_per_s is not None]
+    assert len(bars) == 1 + len(predicted) + 1
+    now = bars["now: what input delivers"]
+    assert bars[f"1. {top.name}: predicted"] == pytest.approx(now * top.predicted_images_per_s / 700.0, rel=0.01)
+    assert bars[f"1. {top.name}: measured (--prove)"] == pytest.approx(now * 1900.0 / 700.0, rel=0.01)
+    gpu = float(next(chart.iter(f"{svg}line")).get("x1")) - float(next(chart.iter(f"{svg}rect")).get("x"))
+    assert gpu == pytest.approx(now * 2560.0 / 700.0, rel=0.01)
+    assert "GPU consumes 2,560 img/s" in page
 
 
 def figures(**changes) -> Figures:

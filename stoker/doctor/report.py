@@ -93,7 +93,7 @@ class DoctorReport:
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
         if v.remedies:
-            lines += ["", "Remedies, best first (predicted img/s; the formula's inputs measured on the sample)"]
+            lines += ["", "Remedies, best first (predicted img/s, from rates measured on the sample)"]
             for k, r in enumerate(v.remedies, 1):
                 lines += _remedy_lines(k, r)
         if self.proof is not None:
@@ -156,12 +156,10 @@ def _pack_lines(p: PackProbe) -> list[str]:
 
 
 def _remedy_lines(k: int, r: Remedy) -> list[str]:
-    """One remedy: name and prediction, the formula with its inputs, the code, why."""
+    """One remedy: name and prediction, what the prediction comes from, the code, why."""
     value = f"{r.predicted_images_per_s:,.0f} img/s" if r.predicted_images_per_s is not None else f"needs {r.needs}"
-    inputs = ", ".join(f"{k} {v:,.3g}" if v < 10 else f"{k} {v:,.0f}"
-                       for k, (v, _) in r.prediction.inputs.items() if v is not None)
-    formula = [f"     = {r.prediction.expression}, {inputs}"] if inputs and r.predicted_images_per_s is not None else []
-    return [f"  {k}. {r.name}: {value}", *formula, f"     {r.how}", f"     ({r.why})"]
+    source = [f"     {r.prediction.in_words()}"] if r.predicted_images_per_s is not None else []
+    return [f"  {k}. {r.name}: {value}", *source, f"     {r.how}", f"     ({r.why})"]
 
 
 def _proof_lines(proof: list[Proof], settings: dict) -> list[str]:
