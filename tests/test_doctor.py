@@ -477,7 +477,12 @@ def test_the_max_side_figure_is_the_loader_timed_on_the_shrunk_sample(photos, tm
     probe = probe_pack(blobs, str(tmp_path / "pack"), str(tmp_path), size=224, batch_size=16, seconds=4.0,
                        transform=None, max_images=96, max_bytes=1 << 30, capped_side=448,
                        capped_blobs=[shrink_as_pack(blob, 448) for blob in blobs])
-    assert probe.loader and probe.loader_capped and probe.loader_capped > 1.5 * probe.loader
+    assert probe.loader and probe.loader_capped
+    # Images per CPU second of this process (a busy machine slows both rows' wall clock, not their
+    # CPU per image); measured: ~8x here, so 1.5x holds by a wide margin.
+    warm, capped = probe.rows[0], next(row for row in probe.rows if "shrunk to 448 px" in row.name)
+    assert capped.images_per_s * capped.cpu.seconds / capped.cpu.own_cpu_s > (
+        1.5 * warm.images_per_s * warm.cpu.seconds / warm.cpu.own_cpu_s)
     shrunk = stoker.ShardDataset(probe.capped_folder, decode="pil")
     assert len(shrunk) == probe.images and max(shrunk[0][0].size) == 448
     assert any("shrunk to 448 px" in row.name for row in probe.rows)

@@ -90,16 +90,17 @@ def bars(rows: list[tuple[str, float, str]], needed: float | None) -> str:
     span = _W - _LEFT - 90
     height = _ROW_H * len(rows) + 24
     parts = [f"<svg width='{_W}' height='{height}' xmlns='http://www.w3.org/2000/svg'>"]
+    if needed:  # drawn first: the bars and their numbers lie over it
+        x = _LEFT + needed / scale_max * span
+        parts.append(f"<line class='gpu' x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height - 16}' stroke='#c00' "
+                     f"stroke-width='2'/><text x='{min(x + 4, _W - 150):.1f}' y='{height - 3}' font-size='11' "
+                     f"fill='#c00'>GPU consumes {needed:,.0f} img/s</text>")
     for k, (label, value, fill) in enumerate(rows):
         y = 4 + k * _ROW_H
         w = value / scale_max * span
         parts.append(f"<text x='{_LEFT}' y='{y + 12}' font-size='12'>{html.escape(label)}</text>"
                      f"<rect class='bar' x='{_LEFT}' y='{y + 16}' width='{w:.1f}' height='{_ROW_H - 20}' fill='{fill}'>"
                      f"<title>{html.escape(label)}: {value:,.0f} img/s</title></rect>"
-                     f"<text x='{_LEFT + w + 4:.1f}' y='{y + 28}' font-size='11'>{value:,.0f}</text>")
-    if needed:
-        x = _LEFT + needed / scale_max * span
-        parts.append(f"<line class='gpu' x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height - 16}' stroke='#c00' "
-                     f"stroke-width='2'/><text x='{min(x + 4, _W - 150):.1f}' y='{height - 3}' font-size='11' "
-                     f"fill='#c00'>GPU consumes {needed:,.0f} img/s</text>")
+                     f"<text x='{_LEFT + w + 4:.1f}' y='{y + 28}' font-size='11' paint-order='stroke' stroke='white' "
+                     f"stroke-width='3'>{value:,.0f}</text>")
     return "".join(parts) + "</svg>"

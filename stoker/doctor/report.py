@@ -89,7 +89,8 @@ class DoctorReport:
                              + (f"   others used {row.cpu.other_cores:.1f} cores" if row.cpu and row.cpu.shared else ""))
         if self.sample_pack:
             lines += _pack_lines(self.sample_pack)
-        lines += ["", self._cpu_line()]
+        cpu = self._cpu_line()
+        lines += ["", cpu] if cpu else []
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
         if v.remedies:
@@ -115,10 +116,12 @@ class DoctorReport:
                 "most_other_cores": rounded(max(others), 3) if others else None,
                 "decode_and_transform": self.compute_cpu.to_dict() if self.compute_cpu else None}
 
-    def _cpu_line(self) -> str:
-        """One line on other processes' CPU during the probes."""
+    def _cpu_line(self) -> str | None:
+        """One line on other processes' CPU during the probes (None: none was watched)."""
         shares = self._cpu_shares()
         others = [share.other_cores for share in shares if share.other_cores is not None]
+        if not shares:
+            return None
         if not others:
             return "CPU: what other processes used during the probes is not measurable here (no /proc/stat)"
         cores = shares[0].cores
