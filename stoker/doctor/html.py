@@ -53,7 +53,8 @@ def latency_histogram(latencies_ms: np.ndarray, bins: int = 24) -> str:
         parts.append(f"<rect x='{40 + k * width:.1f}' y='{base - h:.1f}' width='{width - 2:.1f}' height='{h:.1f}' "
                      f"fill='#4a7ebb'><title>{edges[k]:.2f}-{edges[k + 1]:.2f} ms: {count}</title></rect>")
     for k in range(0, bins + 1, 4):
-        parts.append(f"<text x='{40 + k * width:.1f}' y='{base + 16}' font-size='11'>{edges[k]:.3g}</text>")
+        parts.append(f"<text x='{40 + k * width:.1f}' y='{base + 16}' font-size='11' text-anchor='middle'>"
+                     f"{edges[k]:.3g}</text>")
     if lo < 100 < hi:
         x = 40 + (math.log10(100) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * bins * width
         parts.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{base}' stroke='#c00' stroke-dasharray='4'/>"
