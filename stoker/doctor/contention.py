@@ -150,13 +150,6 @@ class CpuShare:
         """Other processes took enough CPU to slow the measurement."""
         return (self.other_cores or 0.0) > SHARED_CORES
 
-    def describe(self, what: str) -> str:
-        """One line for the report on the probe named ``what``."""
-        if self.other_cores is None:
-            return f"other processes' CPU during {what}: not measurable (no /proc/stat)"
-        return (f"other processes used {self.other_cores:.1f} of the {self.cores} cores during {what} "
-                f"(this process and its workers: {self.own_cpu_s / max(self.seconds, 1e-9):.1f})")
-
     def to_dict(self) -> dict:
         """One entry of the report's ``cpu_contention``."""
         return {"cores": self.cores, "seconds": round(self.seconds, 3), "own_cores": rounded(

@@ -102,8 +102,8 @@ class DoctorReport:
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
-
     def _cpu_shares(self) -> list[CpuShare]:
+        """The CPU watched during each probe: decode and transform, then every loader row."""
         return [share for share in [self.compute_cpu, *(row.cpu for row in self.loaders)] if share is not None]
 
     def _cpu_contention(self) -> dict | None:
