@@ -30,7 +30,7 @@ from stoker.doctor.prove import Proof
 from stoker.doctor.report import SCHEMA_PATH, DoctorReport, _decode_lines
 from stoker.doctor.standard import RandomHorizontalFlip, RandomResizedCrop, ToUint8Tensor
 from stoker.doctor.target import open_target
-from stoker.doctor.verdict import Figures, diagnose
+from stoker.doctor.verdict import Figures, diagnose, rate_alone
 from stoker.storage import evict
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
@@ -304,6 +304,24 @@ def test_loader_overhead_counts_only_the_cores_other_processes_left():
     assert crowded.bottleneck == "decode"
     assert any("loader overhead is not called" in reason for reason in crowded.reasons)
     assert any("data echoing" in r.name for r in crowded.remedies)
+
+
+def test_the_best_dataloader_is_chosen_by_its_rate_on_the_cores_it_would_have_had_alone():
+    """Rows measured (2 cores, a blur 4x a decode) while other processes' work came and went: the
+    0-worker row was left 0.8 of its core, the 2-worker row 0.5 of its 2. Picked by raw img/s,
+    the 0-worker row read as LOADER OVERHEAD (it runs torch on every thread of the main process);
+    alone, the 2-worker row is the faster, and it reached 80% of what the half core left it decodes
+    and transforms: no overhead."""
+    rows = [(74.0, 0, 1.2), (48.0, 1, 1.6), (72.0, 2, 1.5)]  # img/s, workers, others' cores
+    rate, workers, others = max(rows, key=lambda row: rate_alone(row[0], 2, row[1], row[2]))
+    assert workers == 2
+    busy = dict(cores=2, storage_rate=3315.0, decode_per_core=1111.0, transform_per_core=215.0, step_time=0.001)
+    verdict = diagnose(figures(**busy, loader_rate=rate, loader_workers=workers, loader_other_cores=others))
+    assert verdict.bottleneck == "transform", verdict.reasons
+    assert any("other processes used 1.5 of the 2 cores" in reason for reason in verdict.reasons)
+    by_raw_rate = diagnose(figures(**busy, loader_rate=74.0, loader_workers=0, loader_other_cores=1.2))
+    assert by_raw_rate.bottleneck == "loader overhead"
+    assert rate_alone(100.0, 8, 8, 0.0) == 100.0  # a quiet machine: the measured rate
 
 
 def test_other_processes_on_the_cores_are_seen(photos):

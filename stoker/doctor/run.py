@@ -30,7 +30,7 @@ from stoker.doctor.report import DoctorReport
 from stoker.doctor.standard import StandardTransform
 from stoker.doctor.storage_probe import StorageReport, probe_storage
 from stoker.doctor.target import Target, open_target
-from stoker.doctor.verdict import Figures, diagnose
+from stoker.doctor.verdict import Figures, diagnose, rate_alone
 from stoker.env import fallback_notes
 from stoker.errors import StokerError
 from stoker.ranges import DOCTOR_BATCH, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
@@ -182,12 +182,15 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
     disk's sequential rate is the shards' (packed data), else the sample pack's where it lies on
     the data's disk, else that of large loose files."""
     inf = float("inf")
-    best = max((row for row in loaders if row.name.startswith("DataLoader")), key=lambda row: row.images_per_s)
+    # The best DataLoader: by its rate on the cores it would have had alone (rows timed beside other
+    # processes' work got different shares of the CPU; alone, this is the fastest row).
+    best = max((row for row in loaders if row.name.startswith("DataLoader")),
+               key=lambda row: rate_alone(row.images_per_s, cores, row.workers, _other_cores(row)))
     transform_rate = combined_rate([s.per_core for s in stages]) if stages else inf
     common: dict[str, Any] = dict(
         source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
         step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
-        loader_workers=best.workers, loader_other_cores=(best.cpu.other_cores or 0.0) if best.cpu else 0.0,
+        loader_workers=best.workers, loader_other_cores=_other_cores(best),
         available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
         user_transform=user_transform)
     if storage is None or decode is None or pack is None:
@@ -207,6 +210,11 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
                    capped_side=decode.capped_side,
                    capped_bytes_share=decode.capped_bytes_share,
                    disk_shared=bool(storage.contention and storage.contention.shared), ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
+
+
+def _other_cores(row: LoaderRow) -> float:
+    """The cores' worth of CPU other processes took while ``row`` was timed (0 where unmeasured)."""
+    return (row.cpu.other_cores or 0.0) if row.cpu else 0.0
 
 
 def _available_ram() -> float:

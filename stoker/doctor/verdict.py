@@ -103,8 +103,7 @@ def _overhead(f: Figures, cpu: float, reasons: list[str]) -> bool:
     decode and transform (``cpu`` for all of them), counting only the cores other processes
     left it while it was timed; not called where they left it under ``CONTENDED_SHARE`` of
     them (a reason says so). Appends the reason for a call."""
-    used = _cores_used(f)
-    left = min(float(used), f.cores - f.loader_other_cores)
+    used, left = cores_left(f.cores, f.loader_workers, f.loader_other_cores)
     per_core = cpu / f.cores
     if left > 0 and f.loader_rate >= OVERHEAD_SHARE * per_core * left:
         return False
@@ -120,9 +119,19 @@ def _overhead(f: Figures, cpu: float, reasons: list[str]) -> bool:
     return True
 
 
-def _cores_used(f: Figures) -> int:
-    """Cores the best DataLoader kept busy: one per worker, or the main process alone."""
-    return min(f.cores, max(1, f.loader_workers))
+def cores_left(cores: int, workers: int, other_cores: float) -> tuple[int, float]:
+    """The cores a DataLoader of ``workers`` keeps busy (one per worker, or the main process
+    alone), and how many of them other processes, taking ``other_cores``, left it."""
+    used = min(cores, max(1, workers))
+    return used, min(float(used), cores - other_cores)
+
+
+def rate_alone(rate: float, cores: int, workers: int, other_cores: float) -> float:
+    """A loader row's img/s scaled to the cores it would have had alone, so rows timed while other
+    processes took different shares of the CPU compare fairly (at most 10x: a row left almost
+    nothing says little)."""
+    used, left = cores_left(cores, workers, other_cores)
+    return rate * used / max(left, 0.1 * used)
 
 
 def _fmt(rate: float) -> str:
