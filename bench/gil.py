@@ -76,10 +76,12 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     else:
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
         photometric.apply = _cpu_counted(photometric.apply, progress)
-    if pipeline == "train":
-        from stoker.bench.readers.standard import pipeline as standard
+    if pipeline == "train":  # the standard train Compose (stoker/bench/readers/standard.py)
+        import torchvision.transforms as T
 
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=standard("train", 224), threads=threads)
+        train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
+                           T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=train, threads=threads)
     else:
         loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=stoker.CropSpec("random_resized", (224, 224)),
                                threads=threads)

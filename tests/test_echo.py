@@ -49,28 +49,31 @@ def consume(batches, step: float = 0.0):
 
 
 def test_adaptive_echoes_nothing_when_the_producer_keeps_up():
-    echoed = stoker.echo(Producer(30))
-    labels, _ = consume(echoed, step=0.02)
+    """A producer that makes a batch at once, a loop of 100 ms steps: the upstream thread refills
+    its two prefetched batches within a step unless the machine starves it for ~200 ms."""
+    echoed = stoker.echo(Producer(12))
+    labels, _ = consume(echoed, step=0.1)
     assert echoed.stats().echoed_batches == 0
-    assert torch.equal(torch.cat(labels), torch.arange(30 * BATCH))  # fresh batches, in order
+    assert torch.equal(torch.cat(labels), torch.arange(12 * BATCH))  # fresh batches, in order
 
 
 @pytest.mark.parametrize("mode", ["example", "batch"])
 def test_adaptive_keeps_a_slow_producer_s_consumer_busy(mode):
-    """Producer 3x slower than the loop: once the buffer is warm the loop never waits, no example
-    is served more than max_factor times, and every fresh example comes exactly once per pass."""
-    echoed = stoker.echo(Producer(15, delay=0.03), mode=mode, max_factor=4)
+    """Producer 10x slower than the loop: once the first fresh batch is in, the loop never waits
+    for a fresh one (the echoer's own count of time blocked on the producer stays at the first
+    batch's), no example is served more than max_factor times, and every fresh example comes
+    exactly once per pass. Wide margins: a busy machine slows the loop's steps and the producer alike."""
+    echoed = stoker.echo(Producer(10, delay=0.1), mode=mode, max_factor=20)
     for _ in range(2):  # two passes: the second starts afresh
         before = echoed.stats()
         labels, waits = consume(echoed, step=0.01)
         after = echoed.stats()
         counts = Counter(torch.cat(labels).tolist())
-        assert set(counts) == set(range(15 * BATCH)) and max(counts.values()) <= 4
-        assert after.fresh_batches - before.fresh_batches == 15
-        assert after.echoed_batches - before.echoed_batches >= 15  # about 2 echoes per fresh batch
-        # A fresh batch takes 30 ms: once warm, no step waits for one (without echoing, every step
-        # would wait ~20 ms). One step is allowed a hiccup of the machine: a CI run saw one 42 ms wait.
-        assert sum(wait >= 0.015 for wait in waits[3:]) <= 1, waits
+        assert set(counts) == set(range(10 * BATCH)) and max(counts.values()) <= 20
+        assert after.fresh_batches - before.fresh_batches == 10
+        assert after.echoed_batches - before.echoed_batches >= 10  # ~9 per fresh batch; 1 unless the loop is 10x slow
+        # Without echoing, every step would wait ~90 ms for a fresh batch.
+        assert after.wait_s - before.wait_s <= waits[0], (after.wait_s - before.wait_s, waits[0])
 
 
 def test_adaptive_respects_max_factor_and_waits_when_it_is_spent():

@@ -1,4 +1,4 @@
-"""Whether other processes read the disk while the doctor measures it.
+"""Whether other processes read the disk, or take the CPU, while the doctor measures.
 
 Jobs that share one disk slow each other, and a storage figure taken beside another job's reads
 is lower than the disk gives one job. The kernel counts the sectors read from each block device
@@ -6,6 +6,12 @@ is lower than the disk gives one job. The kernel counts the sectors read from ea
 (``/proc/self/io``, all threads, and children once reaped); what the device read beyond this
 process's own share was read for someone else. Network and virtual file systems (NFS, FUSE, overlay) have no block device of
 their own: there the check says it could not look.
+
+Jobs that share the cores slow each other too: a loader timed while other processes run gets
+less CPU than it would alone. The kernel counts each core's busy time (``/proc/stat``) and each
+process's CPU time (``/proc/<pid>/stat``); the cores' busy time beyond that of this process and
+its children (DataLoader workers) went to someone else. Only the cores this process may run on
+are counted (a CPU quota of a cgroup is not seen).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ _SECTOR = 512
 # Other processes' reads count as sharing the disk past this many bytes and this share of our own.
 SHARED_BYTES = 1 << 20
 SHARED_SHARE = 0.1
+# Other processes count as sharing the CPU past this many cores' worth of it.
+SHARED_CORES = 0.25
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -117,3 +126,107 @@ def _diskstats_line(device: str) -> list[str] | None:
         if len(fields) > 5 and fields[0] == major and fields[1] == minor:
             return fields
     return None
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """CPU time on this process's cores during a measurement: ours (this process and its
+    children) and everyone else's (``None``: not measurable, no /proc/stat)."""
+
+    cores: int
+    seconds: float
+    own_cpu_s: float
+    other_cpu_s: float | None
+
+    @property
+    def other_cores(self) -> float | None:
+        """The cores' worth of CPU other processes used, on average over the measurement."""
+        if self.other_cpu_s is None or self.seconds <= 0:
+            return None
+        return min(float(self.cores), self.other_cpu_s / self.seconds)
+
+    @property
+    def shared(self) -> bool:
+        """Other processes took enough CPU to slow the measurement."""
+        return (self.other_cores or 0.0) > SHARED_CORES
+
+    def to_dict(self) -> dict:
+        """One entry of the report's ``cpu_contention``."""
+        return {"cores": self.cores, "seconds": round(self.seconds, 3), "own_cores": rounded(
+            self.own_cpu_s / self.seconds if self.seconds else None, 3), "other_cores": rounded(self.other_cores, 3),
+            "shared": self.shared}
+
+
+class CpuWatch:
+    """Counts the CPU time of this process's cores between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        self._started = self._busy = self._own = 0.0
+
+    def start(self) -> CpuWatch:
+        """Take the first reading."""
+        self._started = time.perf_counter()
+        self._busy, self._own = busy_cpu_seconds(self.cpus) or 0.0, own_cpu_seconds()
+        return self
+
+    def stop(self) -> CpuShare:
+        """CPU time since :meth:`start`; the cores' busy time beyond ours was another process's."""
+        seconds = time.perf_counter() - self._started
+        own = own_cpu_seconds() - self._own
+        busy = busy_cpu_seconds(self.cpus)
+        other = None if busy is None else max(0.0, busy - self._busy - own)
+        return CpuShare(len(self.cpus), seconds, own, other)
+
+
+def busy_cpu_seconds(cpus: list[int]) -> float | None:
+    """Seconds the ``cpus`` have been busy since boot (user, nice, system, interrupts and the time
+    a hypervisor gave to another machine), from /proc/stat; None where it is not readable."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    wanted = {f"cpu{k}" for k in cpus}
+    ticks = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / _TICKS
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and its descendants, live (threads included) or reaped."""
+    stats = _process_stats()
+    if not stats:  # no /proc: this process and its reaped children only
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    ticks, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ticks += stats[pid][1] if pid in stats else 0
+        todo += children.get(pid, [])
+    return ticks / _TICKS
+
+
+def _process_stats() -> dict[int, tuple[int, int]]:
+    """Every process's parent and CPU ticks (its own and its reaped children's), from /proc/<pid>/stat."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rfind(")") + 2:].split()  # after the command name, which may hold spaces
+        out[int(entry.name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]))
+    return out

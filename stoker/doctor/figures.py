@@ -15,7 +15,8 @@ class Figures:
     sample pack where it shares their disk). ``stoker_loader*``: stoker.Loader on the sample
     pack (warm, cold, with the transform's stages after the crop, decoding on the GPU);
     ``stoker_loader_capped``: the same (with the transform, if any) on the sample shrunk to
-    ``capped_side`` px as ``stoker pack --max-side`` shrinks it."""
+    ``capped_side`` px as ``stoker pack --max-side`` shrinks it. ``loader_other_cores``: the
+    cores' worth of CPU other processes used while the best DataLoader was timed."""
 
     source: str
     loose: bool
@@ -44,5 +45,6 @@ class Figures:
     capped_side: int | None = None
     capped_bytes_share: float | None = None
     disk_shared: bool = False
+    loader_other_cores: float = 0.0
     ssd_path: str | None = None
     ssd_copy_rate: float | None = None

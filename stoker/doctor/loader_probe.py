@@ -15,21 +15,26 @@ from torch.utils.data import default_collate
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
+from stoker.doctor.contention import CpuShare, CpuWatch
+from stoker.doctor.numbers import rounded
 from stoker.doctor.target import Target
 
 
 @dataclass
 class LoaderRow:
-    """One loader configuration and what it delivered after its first batch."""
+    """One loader configuration, what it delivered after its first batch, and the CPU other
+    processes took meanwhile (``cpu``: None where not watched)."""
 
     name: str
     workers: int
     images_per_s: float
     first_batch_s: float
+    cpu: CpuShare | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "workers": self.workers, "images_per_s": round(self.images_per_s, 1),
-                "first_batch_s": round(self.first_batch_s, 3)}
+                "first_batch_s": round(self.first_batch_s, 3),
+                "other_cores": None if self.cpu is None else rounded(self.cpu.other_cores, 3)}
 
 
 class SampledFiles(torch.utils.data.Dataset):
@@ -99,7 +104,9 @@ def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float
     """Images/s after the first batch (worker start-up is reported apart, as the first batch's
     time), over at least ``seconds`` and at least four batches per worker (workers deliver in
     bursts, so fewer would make the rate depend on where a burst is cut), at most ``4 * seconds``
-    or ``limit`` images; passes repeat while the budget lasts."""
+    or ``limit`` images; passes repeat while the budget lasts. The CPU other processes took
+    meanwhile is watched (the loader's rate depends on what it was left)."""
+    watch = CpuWatch().start()
     start = time.perf_counter()
     first_at, first_count, images, batches = None, 0, 0, 0
     wanted = 4 * max(1, workers)
@@ -123,4 +130,4 @@ def _timed(name: str, workers: int, loader: Iterable, limit: int, seconds: float
     end = time.perf_counter()
     steady = images - first_count
     rate = steady / (end - first_at) if steady and end > first_at else images / (end - start)
-    return LoaderRow(name, workers, rate, first_at - start)
+    return LoaderRow(name, workers, rate, first_at - start, watch.stop())

@@ -26,7 +26,7 @@ from PIL import Image
 
 from stoker.data.dataset import ShardDataset
 from stoker.doctor.compute_probe import transform_stages
-from stoker.doctor.contention import block_device
+from stoker.doctor.contention import CpuWatch, block_device
 from stoker.doctor.loader_probe import LoaderRow
 from stoker.doctor.numbers import rounded
 from stoker.doctor.standard import StandardTransform
@@ -129,9 +129,10 @@ class PackProbe:
     def timed(self, name: str, loader: Loader, seconds: float, before_pass: Callable[[], object] | None = None) -> float:
         """Time ``loader`` over the pack as one long epoch; keep its row for the report; its img/s."""
         # Four batches suffice: the Loader's threads deliver steadily, not in bursts as DataLoader workers do.
+        watch = CpuWatch().start()
         rate = time_passes(loader, seconds, before_pass=before_pass, min_batches=4)
         self.rows.append(LoaderRow(f"stoker.Loader, {loader.workers.describe()} ({name})", loader.threads, rate.per_second,
-                                   rate.first_batch_seconds))
+                                   rate.first_batch_seconds, watch.stop()))
         return rate.per_second
 
     @property

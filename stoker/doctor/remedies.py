@@ -32,6 +32,8 @@ UNMEASURED = ("; storage after packing was not measured (the sample was packed o
               "this assumes it is not the limit")
 # A remedy is listed when predicted to beat what input delivers now by this factor.
 WORTH = 1.05
+# Inputs that are shares, not img/s.
+_SHARES = {"B"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,17 @@ class Prediction:
     expression: str
     inputs: Mapping[str, tuple[float | None, str]]
     value: float | None
+
+    def in_words(self) -> str:
+        """What the prediction comes from, each measured input named in words with its value: a
+        user reads "predicted from: stoker.Loader on the sample pack, 1,500 img/s", not "= L, L 1,500"."""
+        known = [(symbol, what, _amount(symbol, v)) for symbol, (v, what) in self.inputs.items() if v is not None]
+        if len(known) == 1 and self.expression == known[0][0]:
+            return f"predicted from: {known[0][1]}, {known[0][2]}"
+        if self.expression == f"min({', '.join(symbol for symbol, _, _ in known)})":
+            return "predicted from the lowest of: " + "; ".join(f"{what}, {amount}" for _, what, amount in known)
+        return f"predicted as {self.expression}, where " + "; ".join(f"{symbol} = {what}, {amount}"
+                                                                      for symbol, what, amount in known)
 
     def to_dict(self) -> dict:
         """The formula in the report: the expression, each input with what it measured, the result."""
@@ -240,6 +253,10 @@ def _min(*terms: tuple[str, float | None, str]) -> Prediction:
     value = min(t[1] for t in known)
     expression = known[0][0] if len(known) == 1 else f"min({', '.join(t[0] for t in known)})"
     return Prediction(expression, {t[0]: (t[1], t[2]) for t in known}, value)
+
+
+def _amount(symbol: str, value: float) -> str:
+    return f"{value:.0%}" if symbol in _SHARES else f"{value:,.0f} img/s"
 
 
 def _sequential_what(f: Figures) -> str:

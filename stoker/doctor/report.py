@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.doctor.compute_probe import DecodeReport, StageRate
+from stoker.doctor.contention import CpuShare
 from stoker.doctor.loader_probe import LoaderRow
+from stoker.doctor.numbers import rounded
 from stoker.doctor.pack_probe import PackProbe
 from stoker.doctor.prove import Proof
 from stoker.doctor.remedies import Remedy
@@ -17,14 +19,15 @@ from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 3  # 3: sample_pack.loader_capped
+SCHEMA_VERSION = 4  # 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores
 
 
 @dataclass
 class DoctorReport:
     """What :func:`stoker.doctor` measured and concluded. ``storage`` and ``decode`` are ``None``
     for a user's Dataset object, whose stored bytes the doctor cannot see; ``notes`` say how the
-    measurement departed from the settings asked for."""
+    measurement departed from the settings asked for; ``compute_cpu`` the CPU other processes
+    took during the decode and transform probes (the loader rows carry their own)."""
 
     target: dict
     settings: dict
@@ -37,6 +40,7 @@ class DoctorReport:
     notes: list[str] = field(default_factory=list)
     sample_pack: PackProbe | None = None
     proof: list[Proof] | None = None
+    compute_cpu: CpuShare | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -53,6 +57,7 @@ class DoctorReport:
                 "loaders": [{**row.to_dict(), "gpu_idle_fraction": _idle(row.images_per_s, batch, step)}
                             for row in self.loaders],
                 "sample_pack": self.sample_pack.to_dict() if self.sample_pack else None,
+                "cpu_contention": self._cpu_contention(),
                 "verdict": self.verdict.to_dict(),
                 "proof": [p.to_dict() for p in self.proof] if self.proof is not None else None,
                 "seconds": round(self.seconds, 2), "notes": self.notes}
@@ -80,19 +85,53 @@ class DoctorReport:
             for row in self.loaders:
                 idle = _idle(row.images_per_s, batch, step)
                 lines.append(f"  {row.name:32} {row.images_per_s:8,.0f} img/s   first batch {row.first_batch_s:5.2f} s"
-                             + (f"   GPU idle {idle:.0%}" if idle is not None else ""))
+                             + (f"   GPU idle {idle:.0%}" if idle is not None else "")
+                             + (f"   others used {row.cpu.other_cores:.1f} cores" if row.cpu and row.cpu.shared else ""))
         if self.sample_pack:
             lines += _pack_lines(self.sample_pack)
+        cpu = self._cpu_line()
+        lines += ["", cpu] if cpu else []
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
         if v.remedies:
-            lines += ["", "Remedies, best first (predicted img/s; the formula's inputs measured on the sample)"]
+            lines += ["", "Remedies, best first (predicted img/s, from rates measured on the sample)"]
             for k, r in enumerate(v.remedies, 1):
                 lines += _remedy_lines(k, r)
         if self.proof is not None:
             lines += ["", *_proof_lines(self.proof, self.settings)]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def _cpu_shares(self) -> list[CpuShare]:
+        """The CPU watched during each probe: decode and transform, then every loader row."""
+        return [share for share in [self.compute_cpu, *(row.cpu for row in self.loaders)] if share is not None]
+
+    def _cpu_contention(self) -> dict | None:
+        """The report's ``cpu_contention``: what other processes took of the cores during the probes."""
+        shares = self._cpu_shares()
+        if not shares:
+            return None
+        others = [share.other_cores for share in shares if share.other_cores is not None]
+        return {"cores": shares[0].cores, "shared": any(share.shared for share in shares),
+                "most_other_cores": rounded(max(others), 3) if others else None,
+                "decode_and_transform": self.compute_cpu.to_dict() if self.compute_cpu else None}
+
+    def _cpu_line(self) -> str | None:
+        """One line on other processes' CPU during the probes (None: none was watched)."""
+        shares = self._cpu_shares()
+        others = [share.other_cores for share in shares if share.other_cores is not None]
+        if not shares:
+            return None
+        if not others:
+            return "CPU: what other processes used during the probes is not measurable here (no /proc/stat)"
+        cores = shares[0].cores
+        if not any(share.shared for share in shares):
+            return f"CPU: no other process used much of the {cores} cores during the probes (at most {max(others):.1f})"
+        compute = self.compute_cpu.other_cores if self.compute_cpu else None
+        return (f"CPU: other processes used up to {max(others):.1f} of the {cores} cores during the probes"
+                + (f" ({compute:.1f} during decode and transform)" if compute is not None else "")
+                + ": the loader rows are lower than this machine gives one job; the per-core decode and transform "
+                "rates count this process's CPU time, which others do not take")
 
 
 def _decode_lines(d: DecodeReport) -> list[str]:
@@ -120,12 +159,10 @@ def _pack_lines(p: PackProbe) -> list[str]:
 
 
 def _remedy_lines(k: int, r: Remedy) -> list[str]:
-    """One remedy: name and prediction, the formula with its inputs, the code, why."""
+    """One remedy: name and prediction, what the prediction comes from, the code, why."""
     value = f"{r.predicted_images_per_s:,.0f} img/s" if r.predicted_images_per_s is not None else f"needs {r.needs}"
-    inputs = ", ".join(f"{k} {v:,.3g}" if v < 10 else f"{k} {v:,.0f}"
-                       for k, (v, _) in r.prediction.inputs.items() if v is not None)
-    formula = [f"     = {r.prediction.expression}, {inputs}"] if inputs and r.predicted_images_per_s is not None else []
-    return [f"  {k}. {r.name}: {value}", *formula, f"     {r.how}", f"     ({r.why})"]
+    source = [f"     {r.prediction.in_words()}"] if r.predicted_images_per_s is not None else []
+    return [f"  {k}. {r.name}: {value}", *source, f"     {r.how}", f"     ({r.why})"]
 
 
 def _proof_lines(proof: list[Proof], settings: dict) -> list[str]:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
+from stoker.doctor.contention import CpuWatch
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
 from stoker.doctor.pack_probe import PackProbe, probe_pack
 from stoker.doctor.prove import Sample, run_proof
@@ -29,7 +30,7 @@ from stoker.doctor.report import DoctorReport
 from stoker.doctor.standard import StandardTransform
 from stoker.doctor.storage_probe import StorageReport, probe_storage
 from stoker.doctor.target import Target, open_target
-from stoker.doctor.verdict import Figures, diagnose
+from stoker.doctor.verdict import Figures, diagnose, rate_alone
 from stoker.env import fallback_notes
 from stoker.errors import StokerError
 from stoker.ranges import DOCTOR_BATCH, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
@@ -80,7 +81,9 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     storage = None if user_dataset else probe_storage(target, workers=max(1, workers), seconds=budget["storage"], ssd=ssd)
     steps.update()
     steps.set_postfix_str("decode and transform")
+    watch = CpuWatch().start()
     decode, stages, good, blobs = _compute(target, transform, size, decode_mode, int(budget["decoded"]), budget["compute"])
+    compute_cpu = watch.stop()
     steps.update()
     steps.set_postfix_str("loaders")
     per_core = combined_rate([s.per_core for s in stages] + ([decode.pillow_per_core] if decode else []))
@@ -124,7 +127,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     target_info = {"kind": target.kind, "description": target.description, "num_samples": target.num_samples,
                    "estimated": target.estimated, "sample_size": target.sample_size}
     return DoctorReport(target_info, settings, storage, decode, stages, loaders, verdict, time.perf_counter() - started,
-                        notes, pack, proof)
+                        notes, pack, proof, compute_cpu)
 
 
 def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None) -> None:
@@ -179,12 +182,16 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
     disk's sequential rate is the shards' (packed data), else the sample pack's where it lies on
     the data's disk, else that of large loose files."""
     inf = float("inf")
-    best = max((row for row in loaders if row.name.startswith("DataLoader")), key=lambda row: row.images_per_s)
+    # The best DataLoader: by its rate on the cores it would have had alone (rows timed beside other
+    # processes' work got different shares of the CPU; alone, this is the fastest row).
+    best = max((row for row in loaders if row.name.startswith("DataLoader")),
+               key=lambda row: rate_alone(row.images_per_s, cores, row.workers, _other_cores(row)))
     transform_rate = combined_rate([s.per_core for s in stages]) if stages else inf
     common: dict[str, Any] = dict(
         source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
         step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
-        loader_workers=best.workers, available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
+        loader_workers=best.workers, loader_other_cores=_other_cores(best),
+        available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
         user_transform=user_transform)
     if storage is None or decode is None or pack is None:
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
@@ -203,6 +210,11 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
                    capped_side=decode.capped_side,
                    capped_bytes_share=decode.capped_bytes_share,
                    disk_shared=bool(storage.contention and storage.contention.shared), ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
+
+
+def _other_cores(row: LoaderRow) -> float:
+    """The cores' worth of CPU other processes took while ``row`` was timed (0 where unmeasured)."""
+    return (row.cpu.other_cores or 0.0) if row.cpu else 0.0
 
 
 def _available_ram() -> float:

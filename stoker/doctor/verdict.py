@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from stoker.doctor.compute_probe import combined_rate
+from stoker.doctor.contention import SHARED_CORES
 from stoker.doctor.figures import Figures
 from stoker.doctor.numbers import rounded
 from stoker.doctor.remedies import Remedy, remedies
@@ -21,6 +22,9 @@ from stoker.doctor.remedies import Remedy, remedies
 # with a small output) a sound DataLoader reached 70-80% of it: reading files, collation and the
 # main process take the rest, so only a loss beyond that is called overhead.
 OVERHEAD_SHARE = 0.6
+# Where other processes left the best DataLoader under this share of the cores it used, its rate
+# says what they left, not what the DataLoader costs: loader overhead is not called.
+CONTENDED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,19 +78,19 @@ def diagnose(f: Figures) -> Verdict:
     if f.disk_shared:
         reasons.append("other processes read the same disk during the storage probe: storage is shared, and slower "
                        "than this disk gives one job")
+    if f.loader_other_cores > SHARED_CORES:
+        reasons.append(f"other processes used {f.loader_other_cores:.1f} of the {f.cores} cores while the best DataLoader "
+                       "was timed: the loader rows are lower than this machine gives one job")
     if needed is not None and f.step_time:  # needed is None without a step time
         reasons.append(f"at {f.step_time * 1000:.0f} ms per step of {f.batch_size} the GPU consumes {needed:,.0f} img/s")
-    used = _cores_used(f)
     if needed is not None and delivered >= needed:
         bottleneck = "none"
         reasons.append(f"input delivers {delivered:,.0f} img/s, {delivered / needed:.1f}x what the GPU consumes: "
                        "input is not the bottleneck at this step time")
     elif f.storage_rate < f.loader_rate:
         bottleneck = "storage"
-    elif f.loader_rate < OVERHEAD_SHARE * cpu * used / f.cores:
+    elif _overhead(f, cpu, reasons):
         bottleneck = "loader overhead"
-        reasons.append(f"the DataLoader reaches {f.loader_rate / (cpu * used / f.cores):.0%} of what its {used} "
-                       f"{'core decodes' if used == 1 else 'cores decode'} and transform")
     else:
         bottleneck = "decode" if 1 / f.decode_per_core >= 1 / f.transform_per_core else "transform"
     found = [] if bottleneck == "none" else remedies(f, delivered, cpu, needed)
@@ -94,9 +98,40 @@ def diagnose(f: Figures) -> Verdict:
                    found)
 
 
-def _cores_used(f: Figures) -> int:
-    """Cores the best DataLoader kept busy: one per worker, or the main process alone."""
-    return min(f.cores, max(1, f.loader_workers))
+def _overhead(f: Figures, cpu: float, reasons: list[str]) -> bool:
+    """Whether the best DataLoader reached under ``OVERHEAD_SHARE`` of what the cores it used
+    decode and transform (``cpu`` for all of them), counting only the cores other processes
+    left it while it was timed; not called where they left it under ``CONTENDED_SHARE`` of
+    them (a reason says so). Appends the reason for a call."""
+    used, left = cores_left(f.cores, f.loader_workers, f.loader_other_cores)
+    per_core = cpu / f.cores
+    if left > 0 and f.loader_rate >= OVERHEAD_SHARE * per_core * left:
+        return False
+    cores = f"its {used} {'core decodes' if used == 1 else 'cores decode'}"
+    if left < CONTENDED_SHARE * used:
+        reasons.append(f"the DataLoader reaches {f.loader_rate / (per_core * used):.0%} of what {cores} and transform, "
+                       f"but other processes took {f.loader_other_cores:.1f} of the {f.cores} cores while it was timed: "
+                       "loader overhead is not called on what they left (run the doctor on an idle machine to tell)")
+        return False
+    if left < used:
+        cores = f"the {left:.1f} of its {used} cores other processes left it decode"
+    reasons.append(f"the DataLoader reaches {f.loader_rate / (per_core * left):.0%} of what {cores} and transform")
+    return True
+
+
+def cores_left(cores: int, workers: int, other_cores: float) -> tuple[int, float]:
+    """The cores a DataLoader of ``workers`` keeps busy (one per worker, or the main process
+    alone), and how many of them other processes, taking ``other_cores``, left it."""
+    used = min(cores, max(1, workers))
+    return used, min(float(used), cores - other_cores)
+
+
+def rate_alone(rate: float, cores: int, workers: int, other_cores: float) -> float:
+    """A loader row's img/s scaled to the cores it would have had alone, so rows timed while other
+    processes took different shares of the CPU compare fairly (at most 10x: a row left almost
+    nothing says little)."""
+    used, left = cores_left(cores, workers, other_cores)
+    return rate * used / max(left, 0.1 * used)
 
 
 def _fmt(rate: float) -> str:
