@@ -9,7 +9,8 @@ a process of its own, lets it warm up, then, while counting the images it makes:
              Wall-clock time: a thread preempted while it holds the GIL counts the whole time, so
              on a machine with fewer cores than runnable threads (2 cores: the loader's threads,
              the loop and py-spy) short holds are inflated many times over.
-  CPU        the process's CPU time less the CPU time its threads spent inside the native calls
+  CPU        (in a window of its own, before py-spy's)
+             the process's CPU time less the CPU time its threads spent inside the native calls
              that run without the GIL (decode_chunk, the photometric apply_chunk; timed per call
              with the calling thread's CPU clock): an upper bound on the CPU time spent holding
              the GIL (other C code that releases it counts as held), which preemption does not
@@ -108,6 +109,15 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
     try:
         if not ready.wait(300):
             raise SystemExit("the Loader did not finish its first epoch in 300 s")
+        with progress.get_lock():  # first a window without py-spy: its pauses cost the process CPU time
+            before = list(progress)
+        time.sleep(args.seconds)
+        with progress.get_lock():
+            after = list(progress)
+        cpu = None
+        if path == "native":
+            cpu = (after[PROCESS_CPU] - before[PROCESS_CPU] - (after[NATIVE_CPU] - before[NATIVE_CPU])) / \
+                (after[IMAGES] - before[IMAGES]) * 1e6
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "gil.txt"
             with progress.get_lock():
@@ -126,9 +136,6 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
         child.join()
     images = after[IMAGES] - before[IMAGES]
     held = sum(samples.values()) / args.rate
-    cpu = None
-    if path == "native":
-        cpu = ((after[PROCESS_CPU] - before[PROCESS_CPU]) - (after[NATIVE_CPU] - before[NATIVE_CPU])) / images * 1e6
     return held / images * 1e6, cpu, images / elapsed, samples
 
 
