@@ -69,14 +69,14 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     """The measured process: a Loader over ``shards`` made epoch after epoch; ``progress`` its images,
     its CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
     import stoker
-    from stoker.loader import native_chunk, photometric
+    from stoker.loader import batches, native_chunk, photometric
 
     if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
         native_chunk.decode_chunk = None
-        photometric._photometric = None
+        photometric.apply_chunk = None
     else:
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
-        photometric.apply = _cpu_counted(photometric.apply, progress)
+        batches.augment_chunk = _cpu_counted(batches.augment_chunk, progress)
     if pipeline == "train":  # the standard train Compose (stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 

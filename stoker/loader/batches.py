@@ -23,12 +23,11 @@ from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.errors import CorruptDataError, TransformError
-from stoker.loader import photometric
 from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 from stoker.loader.native_chunk import decode_samples, decodes_natively
-from stoker.loader.photometric import NativeOps, encode
+from stoker.loader.photometric import NativeOps, augment_chunk, encode, supports
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
 _READ_BUFFER_BYTES = 16 << 20
@@ -167,7 +166,7 @@ class BatchMaker:
             elif not made[k]:
                 targets[j] = self._place_readable(batch, j, pixels[j] if crops is None else crops[k])
         if crops is not None and batch.native_ops is not None:
-            photometric.apply(crops, pixels, batch.native_ops, positions)
+            augment_chunk(crops, pixels, batch.native_ops, positions)
         elif crops is not None:
             for k, j in enumerate(map(int, positions)):
                 self._augment(batch, j, crops[k], pixels[j])
@@ -217,7 +216,7 @@ class BatchMaker:
 
     def augments_natively(self) -> bool:
         """Whether the batched augmentation runs as one native call per chunk (photometric.py)."""
-        return self.augment is not None and photometric.supports(self.augment.augment)
+        return self.augment is not None and supports(self.augment.augment)
 
     def augment_route(self) -> str:
         """How the batched augmentation runs on the CPU, for :meth:`Loader.explain`."""

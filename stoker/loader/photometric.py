@@ -19,10 +19,11 @@ import numpy as np
 from stoker.augment.color import _JITTERS, _ORDERS, ColorJitter, Grayscale, Normalize
 from stoker.augment.pipeline import Augment, Draws
 
+apply_chunk: Callable[..., None] | None  # None: built without a C compiler (apply_image's path)
 try:
-    from stoker.loader import _photometric
-except ImportError:  # built without a C compiler: apply_image's path
-    _photometric = None  # type: ignore[assignment]
+    from stoker.loader._photometric import BUILDS, apply_chunk
+except ImportError:
+    BUILDS, apply_chunk = (), None
 
 PARAMS = 6  # numbers per op slot (Normalize's 1/std and -mean/std of r, g, b); _photometric.PARAMS
 BRIGHTNESS, CONTRAST, SATURATION, HUE, GRAYSCALE, NORMALIZE = range(1, 7)  # _photometric's op codes
@@ -41,16 +42,15 @@ def supports(augment: Augment) -> bool:
     geometric ops, no blur): otherwise the Loader keeps ``apply_image``. On an x86-64 CPU without
     AVX2 and FMA only the baseline build runs, whose fused multiply-adds libm emulates: ~10x
     ``apply_image``'s time there."""
-    if _photometric is None or (platform.machine().lower() in ("x86_64", "amd64") and _photometric.BUILDS[0] == "baseline"):
+    if apply_chunk is None or (platform.machine().lower() in ("x86_64", "amd64") and BUILDS[0] == "baseline"):
         return False
     return not augment.geometric and all(isinstance(op, ColorJitter | Grayscale | Normalize) for op in augment.photometric)
 
 
-def apply(crops: np.ndarray, out: np.ndarray, ops: NativeOps, positions: np.ndarray) -> None:
+def augment_chunk(crops: np.ndarray, out: np.ndarray, ops: NativeOps, positions: np.ndarray) -> None:
     """Augment ``crops`` (m, H, W, 3 uint8) into ``out[positions]`` (float32, or uint8 rounded back)
     with ``ops`` (:func:`encode` of the whole batch), in one call without the GIL."""
-    assert _photometric is not None
-    apply_chunk: Callable[..., None] = _photometric.apply_chunk  # typed for Buffer; numpy's arrays are ones
+    assert apply_chunk is not None
     apply_chunk(crops, out, ops.codes, ops.params, np.ascontiguousarray(positions, np.int64))
 
 
