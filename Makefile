@@ -80,7 +80,8 @@ STRESS_THREADS ?= 64
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR)
 	mkdir -p $(SANITIZE_DIR)
-	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker | tar -x -C $(SANITIZE_DIR)
+	# third_party: the region-decode extension compiles in xxHash's header (without it its optional build is skipped)
+	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker third_party | tar -x -C $(SANITIZE_DIR)
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" $(abspath $(BIN))/python setup.py -q build_ext --inplace
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
