@@ -13,7 +13,7 @@ from PIL import Image
 
 import stoker
 from stoker.errors import CorruptDataError
-from stoker.format.index import IndexBuilder, ShardIndex
+from stoker.format.index import HEADER_DTYPE, SAMPLE_DTYPE, IndexBuilder, ShardIndex
 from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from tests.conftest import encode
@@ -46,8 +46,8 @@ class Calls:
 
 
 def _batches(path: Path, spec: CropSpec, threads: int, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = stoker.Loader(stoker.ShardDataset(path, on_error=options.pop("on_error", "raise")), batch_size=24,
-                           crop=spec, threads=threads, seed=5, **options)
+    dataset = stoker.ShardDataset(path, on_error=options.pop("on_error", "raise"), verify=options.pop("verify", True))
+    loader = stoker.Loader(dataset, batch_size=24, crop=spec, threads=threads, seed=5, **options)
     return [(images.clone(), labels.clone()) for images, labels in loader]
 
 
@@ -153,6 +153,37 @@ def test_a_truncated_shard_raises_naming_it(photos, tmp_path):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     with pytest.raises(CorruptDataError, match="truncated"):
         _batches(tmp_path / "ds", SPECS[0], threads=2)
+
+
+@pytest.fixture
+def damaged_index(photos, tmp_path) -> tuple[Path, str]:
+    """A pack of ``photos`` (one shard) whose index gives one sample a first member past the next
+    sample's (its members: none, as sample_members reads them), read with verify=False (the index's
+    checksum would refuse it)."""
+    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
+    dataset = stoker.ShardDataset(tmp_path / "ds")
+    assert len(dataset.shards.manifest.shards) == 1
+    local = len(dataset) // 2
+    key = dataset.key(local)
+    index = np.memmap(tmp_path / "ds" / dataset.shards.manifest.shards[0].index, np.uint8, "r+")
+    rows = index[HEADER_DTYPE.itemsize : HEADER_DTYPE.itemsize + (len(dataset) + 1) * SAMPLE_DTYPE.itemsize]
+    first = rows.view(SAMPLE_DTYPE)["first_member"]
+    first[local] = first[local + 1] + 1
+    index.flush()
+    return tmp_path / "ds", key
+
+
+def test_a_sample_without_members_in_a_damaged_index_raises_naming_it(damaged_index):
+    path, key = damaged_index
+    with pytest.raises(CorruptDataError, match="no image member") as caught:
+        _batches(path, SPECS[0], threads=2, verify=False)
+    assert key in str(caught.value)
+
+
+def test_a_damaged_index_skips_as_the_per_image_path_does(damaged_index, monkeypatch):
+    path, _ = damaged_index
+    native = _batches(path, SPECS[0], threads=2, verify=False, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, SPECS[0], threads=2, verify=False, on_error="skip"))
 
 
 def test_first_members_finds_each_samples_image_member():
