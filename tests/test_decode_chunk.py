@@ -214,6 +214,9 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False)), "spec kind 3"),
     (dict(out=np.zeros((2, 8, 7, 3), np.uint8)), "not whole slots"),
     (dict(checksums=np.zeros(1, np.uint64)), "checksums"),
+    # a slot of 2^31-1 squared pixels does not fit Py_ssize_t: refused, not wrapped
+    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False), out=np.zeros(0, np.uint8)),
+     "2147483647x2147483647 output"),
 ])
 def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
     args = _chunk_args() | change

@@ -258,13 +258,15 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &spec.restarts, &out, &status))
         return NULL;
     m = fds.len / 4;
-    slot_bytes = (Py_ssize_t)spec.out_h * spec.out_w * 3;
     if (checksums_obj != Py_None && PyObject_GetBuffer(checksums_obj, &checksums, PyBUF_SIMPLE) != 0) goto release;
     if (check_items(&fds, "fds", m, 4) || check_items(&offsets, "offsets", m, 8) || check_items(&sizes, "sizes", m, 8) ||
         (checksums.obj && check_items(&checksums, "checksums", m, 8)) || check_items(&tries, "tries", m, 8 * 4 * CROP_TRIES) ||
         check_items(&flips, "flips", m, 1) || check_items(&positions, "positions", m, 8) || check_items(&status, "status", m, 1))
         goto release;
-    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || spec.out_h <= 0 || spec.out_w <= 0 || out.len % slot_bytes) {
+    /* a slot's bytes computed only where they fit Py_ssize_t */
+    slot_bytes = spec.out_h > 0 && spec.out_w > 0 && spec.out_w <= PY_SSIZE_T_MAX / 3 / spec.out_h
+                     ? (Py_ssize_t)spec.out_h * spec.out_w * 3 : 0;
+    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || slot_bytes == 0 || out.len % slot_bytes) {
         PyErr_Format(PyExc_ValueError, "decode_chunk: spec kind %d, %dx%d output, or out's %zd bytes are not whole slots",
                      spec.kind, spec.out_h, spec.out_w, out.len);
         goto release;
