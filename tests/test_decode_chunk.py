@@ -235,7 +235,13 @@ def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
             offsets=np.array([0, len(good), 0, len(good) + len(png) - 4], np.uint64),
             sizes=np.array([len(good), len(png), len(good) // 2, 100], np.uint64))
         assert _jpeg_region.decode_chunk(**args) == 1
+        # what a damaged, unverified index may say: no bytes, sizes and offsets of any 64 bits
+        damaged = _chunk_args(5, 5) | dict(
+            fds=np.full(5, f.fileno(), np.int32), offsets=np.array([0, 0, 0, 2**63, 2**64 - 1], np.uint64),
+            sizes=np.array([0, 2**31 + 1, 2**64 - 1, len(good), 1], np.uint64))
+        assert _jpeg_region.decode_chunk(**damaged) == 0
     assert args["status"].tolist() == [0, 2, 2, 1]  # made; not a JPEG; truncated JPEG; read past the end
+    assert damaged["status"].tolist() == [2, 1, 1, 1, 1]  # no JPEG in 0 bytes; the rest past the file's end
     assert (np.abs(args["out"][0].astype(int) - (200, 10, 10)) <= 3).all()
     assert not args["out"][1:].any()
 
