@@ -71,7 +71,8 @@ wheel: $(BUILD_VENV)/.installed
 # A copy of the package with its C extensions built under AddressSanitizer and UndefinedBehavior-
 # Sanitizer (the developer's in-place .so files are left alone), then tests/stress_extensions.py on
 # it: many more threads than cores, every DCT scale, restart-marker strips, damaged JPEGs, exact
-# resizes and transcodes, each outcome checked against a one-thread run. Python is not built with
+# resizes, transcodes, decode_chunk's chunks and the photometric ops, each outcome checked against a
+# one-thread run. Python is not built with
 # ASan, so its runtime is preloaded; leak reports would be Python's own.
 SANITIZE_DIR := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
@@ -80,7 +81,8 @@ STRESS_THREADS ?= 64
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR)
 	mkdir -p $(SANITIZE_DIR)
-	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker | tar -x -C $(SANITIZE_DIR)
+	# third_party: the region-decode extension compiles in xxHash's header (without it its optional build is skipped)
+	tar -c --exclude='*.so' --exclude=__pycache__ setup.py pyproject.toml README.md stoker third_party | tar -x -C $(SANITIZE_DIR)
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" $(abspath $(BIN))/python setup.py -q build_ext --inplace
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \

@@ -1,4 +1,5 @@
-"""Thread stress of stoker's C extensions (region decode, exact resize, restart transcode).
+"""Thread stress of stoker's C extensions (region decode, decode_chunk, exact resize, restart
+transcode, the photometric ops).
 
     python tests/stress_extensions.py [--seconds 30] [--threads 48] [--seed 0] [--require-build DIR]
 
@@ -15,13 +16,21 @@ It makes a fixed set of cases: region decodes of sample photos and of synthetic 
 chroma subsampling (odd sizes, progressive, gray), at every DCT scale, with random boxes; the same
 through the strip path of their restart-marker transcodes (what ``stoker pack --restart-rows``
 stores); damaged copies of both (bit flips, cuts at random points, garbage in the restart table);
-exact resizes (``_resample.resize_crop``) of random sizes; restart transcodes of damaged JPEGs. Each
-case's outcome (a digest of the output bytes, or the error's type and message) is computed on one
-thread first; then THREADS threads run cases picked at random for SECONDS, and every outcome must
-equal that reference, and every error must be a ValueError (the extensions' documented errors).
-Output buffers are the Loader's per-thread maps (stoker.loader.buffers.thread_buffer), grown as
-larger images come, and filled with a new byte before each call: output that depended on memory
-the call did not write would differ from the reference. Exits 1 on any difference.
+exact resizes (``_resample.resize_crop``) of random sizes; restart transcodes of damaged JPEGs;
+``decode_chunk`` (the Loader's native path: read through a real file's descriptor, xxh3 check,
+region decode, crop, halving, bilinear resize, flip) on chunks of those JPEGs and restart packs,
+damaged and truncated members, wrong checksums, members past the file's end or of absurd sizes, a
+directory's descriptor, random CropSpecs of every kind with outputs down to 1x1; and
+``_photometric.apply_chunk`` with the op codes and parameters ``photometric.encode`` makes of random
+ColorJitter / Grayscale / Normalize pipelines, float32 and uint8 output, in every build the CPU
+runs, now and then with an op code that is none. Each case's outcome (a digest of the output bytes,
+or the error's type and message) is computed on one thread first; then THREADS threads run cases
+picked at random for SECONDS, and every outcome must equal that reference, and every error must be a
+ValueError (the extensions' documented errors; decode_chunk reports a sample it cannot make as a
+status, which is part of its outcome). Output buffers are the Loader's per-thread maps
+(stoker.loader.buffers.thread_buffer), grown as larger images come, and filled with a new byte
+before each call: output that depended on memory the call did not write would differ from the
+reference. Exits 1 on any difference.
 
 Run it also with JSIMD_FORCENONE=1 (``make sanitize`` does): libjpeg-turbo then takes its plain-C
 paths, which read tables its SIMD code does not (a crop that overwrote the merged upsampler's colour
@@ -48,18 +57,24 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from stoker.loader import _jpeg_region, _resample
+from stoker.augment import Augment
+from stoker.augment.color import ColorJitter, Grayscale, Normalize
+from stoker.format.checksum import member_checksum
+from stoker.loader import _jpeg_region, _photometric, _resample
 from stoker.loader.buffers import thread_buffer
+from stoker.loader.crops import CROP_TRIES
 from stoker.loader.decode_crop import _STRIP_SLACK
+from stoker.loader.photometric import encode
 from stoker.pack import _jpeg_restart, restarts
 from stoker.sample_data import make_sample_photos
 
-EXTENSIONS = (_jpeg_region, _resample, _jpeg_restart)
+EXTENSIONS = (_jpeg_region, _resample, _jpeg_restart, _photometric)
 SCALES = (1, 2, 4, 8)
 MAX_BLOCK = 8 << 20  # decode buffers at most this large: a smaller one than a block needs is an error to report
 # (height, width, OpenCV's sampling factor or None for gray, progressive): odd sizes and every
 # sampling libjpeg-turbo's merged and plain upsamplers handle.
-SYNTHETIC = [(h, w, s, p) for (h, w) in ((333, 517), (201, 95), (17, 9), (47, 33), (1, 1), (8, 1000), (1000, 8), (129, 127))
+SYNTHETIC = [(h, w, s, p) for (h, w) in ((333, 517), (201, 95), (17, 9), (47, 33), (1, 1), (8, 1000), (1000, 8), (129, 127),
+                                        (1, 300), (300, 1))
              for s in ("444", "422", "420", "440", "411", None) for p in (False, True)]
 
 
@@ -206,6 +221,125 @@ def transcode_case(data: bytes) -> Case:
     return Case("transcode", run)
 
 
+@dataclass(frozen=True)
+class Member:
+    """Where decode_chunk reads one image: its offset, size and checksum in the members file."""
+
+    offset: int
+    size: int
+    checksum: int
+
+
+def members_file(workdir: pathlib.Path, pools: list[list[bytes]],
+                 rng: np.random.Generator) -> tuple[int, list[list[Member]]]:
+    """The images of ``pools`` written one after another (a few junk bytes between) into a real
+    file, opened (the descriptor outlives ``workdir``), and each pool's members; then a last pool of
+    the members a damaged index may describe: no bytes, one running past the file's end (a
+    truncated shard), one past the end, absurd sizes and offsets."""
+    path, blob, members = workdir / "members.bin", bytearray(), []
+    for pool in pools:
+        members.append([])
+        for data in pool:
+            blob += rng.integers(0, 256, int(rng.integers(0, 9)), dtype=np.uint8).tobytes()
+            members[-1].append(Member(len(blob), len(data), member_checksum(data)))
+            blob += data
+    last = members[-1][-1]
+    members.append([Member(last.offset, last.size + 1 + int(rng.integers(1000)), last.checksum), Member(0, 0, 0),
+                    Member(len(blob) + 1, 10, 0), Member(0, 2**31 + 5, 0), Member(2**63 + 1, 100, 0),
+                    Member(7, 2**64 - 1, 0)])
+    path.write_bytes(blob)
+    return os.open(path, os.O_RDONLY), members
+
+
+def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, directory: int) -> Case:
+    """decode_chunk on 1-4 members (of JPEGs, restart transcodes, damaged ones, the damaged index's:
+    ``members_file``'s pools, 40/30/20/10%; a wrong checksum now and then; a directory's or no
+    descriptor for a few) with a random CropSpec (every kind, outputs from 1x1, thin aspect ranges),
+    strips on or off; a few calls with a position outside ``out`` (a ValueError). The outcome: the
+    count made, every status, and the bytes of the slots made (the others keep the filled byte)."""
+    m = int(rng.integers(1, 5))
+    pools = [members[i] for i in rng.choice(len(members), m, p=[0.4, 0.3, 0.2, 0.1])]
+    picked = [pool[rng.integers(len(pool))] for pool in pools]
+    out_h, out_w = (int(rng.integers(1, 4)) if rng.random() < 0.3 else int(rng.integers(1, 97)) for _ in range(2))
+    scale_lo = float(rng.uniform(0.005, 0.6))
+    ratio_lo = float(rng.uniform(0.1, 1.0))
+    spec = (int(rng.integers(3)), out_h, out_w, scale_lo, float(rng.uniform(scale_lo, 1.0)), ratio_lo,
+            float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.0)), bool(rng.random() < 0.6))
+    fds = np.array([fd if rng.random() < 0.95 else [directory, -1][rng.integers(2)] for _ in range(m)], np.int32)
+    offsets = np.array([p.offset for p in picked], np.uint64)
+    sizes = np.array([p.size for p in picked], np.uint64)
+    checksums = None
+    if rng.random() < 0.8:
+        checksums = np.array([p.checksum ^ (1 << int(rng.integers(64)) if rng.random() < 0.1 else 0)
+                              for p in picked], np.uint64)
+    tries = rng.random((m, CROP_TRIES, 4))
+    flips = (rng.random(m) < 0.5).astype(np.uint8)
+    slots = m + int(rng.integers(3))
+    positions = rng.permutation(slots)[:m].astype(np.int64)
+    if rng.random() < 0.02:
+        positions[-1] = slots
+    slot_bytes = out_h * out_w * 3
+
+    def run(noise: int) -> tuple:
+        nbytes = slots * slot_bytes
+        out = np.frombuffer(thread_buffer("chunk", nbytes), np.uint8, nbytes).reshape(slots, out_h, out_w, 3)
+        out.fill(noise)
+        status = np.full(m, 255, np.uint8)
+
+        def call() -> tuple:
+            made = _jpeg_region.decode_chunk(fds, offsets, sizes, checksums, tries, flips, positions, spec, out, status)
+            return made, tuple(status.tolist()), zlib.crc32(out[positions[status == 0]].tobytes())
+
+        return outcome(call)
+
+    return Case("chunk", run)
+
+
+def photometric_case(rng: np.random.Generator, builds: tuple[str, ...]) -> Case:
+    """apply_chunk with what ``encode`` makes of a random pipeline of ColorJitter (ranges out to
+    their edges, sometimes only some of them, applied with p), Grayscale and Normalize, on random
+    crops from 1x1, into float32 or uint8 slots of a larger out, in one of the CPU's builds; now and
+    then an op code that is none (a ValueError)."""
+    ops: list = []
+    for _ in range(int(rng.integers(0, 4))):
+        pick = rng.random()
+        if pick < 0.5:
+            def factor() -> float | None:
+                return None if rng.random() < 0.3 else float(rng.uniform(0, 1.5))
+            hue = None if rng.random() < 0.3 else float(rng.uniform(0, 0.5))
+            ops.append(ColorJitter(factor(), factor(), factor(), hue, p=float(rng.choice([1.0, 0.5]))))
+        elif pick < 0.75:
+            ops.append(Grayscale(p=float(rng.uniform())))
+        else:
+            ops.append(Normalize(tuple(rng.uniform(0, 1, 3).tolist()), tuple(rng.uniform(0.05, 1, 3).tolist())))
+    augment = Augment(*ops, seed=int(rng.integers(1 << 30)), device="cpu", backend="opencv", threads=1)
+    height, width = (int(rng.integers(1, 4)) if rng.random() < 0.3 else int(rng.integers(1, 80)) for _ in range(2))
+    m = int(rng.integers(1, 5))
+    slots = m + int(rng.integers(3))
+    draws = augment.draw((np.full(slots, height), np.full(slots, width)), step=int(rng.integers(1000)))
+    codes, params = encode(augment, draws, slots)
+    if rng.random() < 0.03 and codes.size:
+        codes.flat[int(rng.integers(codes.size))] = int(rng.choice([0, 7, -1]))
+    crops = rng.integers(0, 256, (m, height, width, 3), dtype=np.uint8)
+    positions = rng.permutation(slots)[:m].astype(np.int64)
+    dtype = np.float32 if rng.random() < 0.6 else np.uint8
+    build = builds[int(rng.integers(len(builds)))]
+
+    def run(noise: int) -> tuple:
+        nbytes = slots * height * width * 3 * np.dtype(dtype).itemsize
+        out = np.frombuffer(thread_buffer("photometric", nbytes), dtype, nbytes // np.dtype(dtype).itemsize)
+        out = out.reshape(slots, height, width, 3)
+        fill(thread_buffer("photometric", nbytes), nbytes, noise)
+
+        def call() -> tuple:
+            _photometric.apply_chunk(crops, out, codes, params, positions, build=build)
+            return (zlib.crc32(out[positions].tobytes()),)
+
+        return outcome(call)
+
+    return Case("photometric", run)
+
+
 def make_cases(seed: int, count: int, workdir: pathlib.Path) -> list[Case]:
     rng = np.random.default_rng(seed)
     photos = make_sample_photos(workdir / "photos", count=12, num_classes=12, seed=seed)
@@ -218,9 +352,18 @@ def make_cases(seed: int, count: int, workdir: pathlib.Path) -> list[Case]:
         if how == restarts.TRANSCODED:
             packed.append(stored)
     damaged_sources = [damaged(data, rng) for data in sources + packed for _ in range(3)]
+    fd, members = members_file(workdir, [sources, packed, damaged_sources], rng)
+    directory = os.open(workdir, os.O_RDONLY)  # read by pread: EISDIR
     cases = []
     for _ in range(count):
         pick = rng.random()
+        if pick < 0.2:
+            cases.append(chunk_case(rng, members, fd, directory))
+            continue
+        if pick < 0.28:
+            cases.append(photometric_case(rng, _photometric.BUILDS))
+            continue
+        pick = (pick - 0.28) / 0.72  # the region, resize and transcode cases as before
         if pick < 0.08:
             cases.append(resize_case(rng))
             continue

@@ -13,7 +13,7 @@ from PIL import Image
 
 import stoker
 from stoker.errors import CorruptDataError
-from stoker.format.index import IndexBuilder, ShardIndex
+from stoker.format.index import HEADER_DTYPE, SAMPLE_DTYPE, IndexBuilder, ShardIndex
 from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from tests.conftest import encode
@@ -46,8 +46,8 @@ class Calls:
 
 
 def _batches(path: Path, spec: CropSpec, threads: int, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = stoker.Loader(stoker.ShardDataset(path, on_error=options.pop("on_error", "raise")), batch_size=24,
-                           crop=spec, threads=threads, seed=5, **options)
+    dataset = stoker.ShardDataset(path, on_error=options.pop("on_error", "raise"), verify=options.pop("verify", True))
+    loader = stoker.Loader(dataset, batch_size=24, crop=spec, threads=threads, seed=5, **options)
     return [(images.clone(), labels.clone()) for images, labels in loader]
 
 
@@ -155,6 +155,37 @@ def test_a_truncated_shard_raises_naming_it(photos, tmp_path):
         _batches(tmp_path / "ds", SPECS[0], threads=2)
 
 
+@pytest.fixture
+def damaged_index(photos, tmp_path) -> tuple[Path, str]:
+    """A pack of ``photos`` (one shard) whose index gives one sample a first member past the next
+    sample's (its members: none, as sample_members reads them), read with verify=False (the index's
+    checksum would refuse it)."""
+    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
+    dataset = stoker.ShardDataset(tmp_path / "ds")
+    assert len(dataset.shards.manifest.shards) == 1
+    local = len(dataset) // 2
+    key = dataset.key(local)
+    index = np.memmap(tmp_path / "ds" / dataset.shards.manifest.shards[0].index, np.uint8, "r+")
+    rows = index[HEADER_DTYPE.itemsize : HEADER_DTYPE.itemsize + (len(dataset) + 1) * SAMPLE_DTYPE.itemsize]
+    first = rows.view(SAMPLE_DTYPE)["first_member"]
+    first[local] = first[local + 1] + 1
+    index.flush()
+    return tmp_path / "ds", key
+
+
+def test_a_sample_without_members_in_a_damaged_index_raises_naming_it(damaged_index):
+    path, key = damaged_index
+    with pytest.raises(CorruptDataError, match="no image member") as caught:
+        _batches(path, SPECS[0], threads=2, verify=False)
+    assert key in str(caught.value)
+
+
+def test_a_damaged_index_skips_as_the_per_image_path_does(damaged_index, monkeypatch):
+    path, _ = damaged_index
+    native = _batches(path, SPECS[0], threads=2, verify=False, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, SPECS[0], threads=2, verify=False, on_error="skip"))
+
+
 def test_first_members_finds_each_samples_image_member():
     builder = IndexBuilder()
     builder.add("a", 0, [("cls", 0, 1, 0), ("jpg", 10, 5, 0)], 0)
@@ -183,6 +214,9 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False)), "spec kind 3"),
     (dict(out=np.zeros((2, 8, 7, 3), np.uint8)), "not whole slots"),
     (dict(checksums=np.zeros(1, np.uint64)), "checksums"),
+    # a slot of 2^31-1 squared pixels does not fit Py_ssize_t: refused, not wrapped
+    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False), out=np.zeros(0, np.uint8)),
+     "2147483647x2147483647 output"),
 ])
 def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
     args = _chunk_args() | change
@@ -201,7 +235,13 @@ def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
             offsets=np.array([0, len(good), 0, len(good) + len(png) - 4], np.uint64),
             sizes=np.array([len(good), len(png), len(good) // 2, 100], np.uint64))
         assert _jpeg_region.decode_chunk(**args) == 1
+        # what a damaged, unverified index may say: no bytes, sizes and offsets of any 64 bits
+        damaged = _chunk_args(5, 5) | dict(
+            fds=np.full(5, f.fileno(), np.int32), offsets=np.array([0, 0, 0, 2**63, 2**64 - 1], np.uint64),
+            sizes=np.array([0, 2**31 + 1, 2**64 - 1, len(good), 1], np.uint64))
+        assert _jpeg_region.decode_chunk(**damaged) == 0
     assert args["status"].tolist() == [0, 2, 2, 1]  # made; not a JPEG; truncated JPEG; read past the end
+    assert damaged["status"].tolist() == [2, 1, 1, 1, 1]  # no JPEG in 0 bytes; the rest past the file's end
     assert (np.abs(args["out"][0].astype(int) - (200, 10, 10)) <= 3).all()
     assert not args["out"][1:].any()
 

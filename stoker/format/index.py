@@ -154,12 +154,14 @@ class ShardIndex:
         members with one array lookup instead of a search per sample."""
         cached = self._first_members.get(fields)
         if cached is None:
-            wanted = np.isin(self.members["field"], [i for i, name in enumerate(self.fields) if name in fields])
-            owner = np.repeat(np.arange(len(self.samples)), np.diff(self._first_member).astype(np.int64))
-            rows = np.flatnonzero(wanted)
-            samples, first = np.unique(owner[rows], return_index=True)  # rows are in order: each sample's first
-            cached = np.full(len(self.samples), -1, np.int64)
-            cached[samples] = rows[first]
+            wanted = np.flatnonzero(np.isin(self.members["field"],
+                                            [i for i, name in enumerate(self.fields) if name in fields]))
+            # each sample's range [start, end) as sample_members slices it, whatever a damaged
+            # (unverified) index says: ranges out of order or past the end give what the slice gives
+            start, end = self._first_member[:-1].astype(np.int64), self._first_member[1:].astype(np.int64)
+            at = np.searchsorted(wanted, start)  # the first wanted row at or after each start
+            rows = wanted[np.minimum(at, len(wanted) - 1)] if len(wanted) else np.zeros(len(start), np.int64)
+            cached = np.where((at < len(wanted)) & (rows < end), rows, -1).astype(np.int64)
             self._first_members[fields] = cached
         return cached
 

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -95,10 +96,11 @@ static Box crop_box(const Spec *s, long h, long w, const double *tries) {
             const double *u = tries + 4 * i;
             double target = area * (s->scale_lo + u[0] * (s->scale_hi - s->scale_lo));
             double aspect = exp(log_lo + u[1] * (log_hi - log_lo));
-            long cw = (long)nearbyint(sqrt(target * aspect)), ch = (long)nearbyint(sqrt(target / aspect));
-            if (0 < cw && cw <= w && 0 < ch && ch <= h) {
-                box.top = (long)(u[2] * (double)(h - ch + 1)), box.left = (long)(u[3] * (double)(w - cw + 1));
-                box.height = ch, box.width = cw;
+            /* compared before the cast: an absurd spec's huge or NaN sizes fail the test, as in Python */
+            double cw = nearbyint(sqrt(target * aspect)), ch = nearbyint(sqrt(target / aspect));
+            if (0 < cw && cw <= (double)w && 0 < ch && ch <= (double)h) {
+                box.height = (long)ch, box.width = (long)cw;
+                box.top = (long)(u[2] * (double)(h - box.height + 1)), box.left = (long)(u[3] * (double)(w - box.width + 1));
                 return box;
             }
         }
@@ -185,12 +187,18 @@ static int crop_resize(Pixels block, long origin_y, long origin_x, long scaled_h
 /* One sample: read, check, decode its crop into `out`. */
 static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t size, const uint64_t *checksum,
                          const double *tries, int flip, Pixels out, Buffers *buffers) {
-    unsigned char *data = scratch_get(&buffers->read, size ? (size_t)size : 1);
+    unsigned char *data;
+    struct stat file;
     long h, w, scaled_h, scaled_w;
     int scale;
     Box box;
     Job job;
 
+    /* A member past the file's end (a truncated shard; a damaged, unverified index: any 64-bit
+     * offset and size) fails here, before its size is allocated or an offset overflows off_t. */
+    if (fstat(fd, &file) != 0 || offset > (uint64_t)file.st_size || size > (uint64_t)file.st_size - offset)
+        return READ_FAILED;
+    data = scratch_get(&buffers->read, size ? (size_t)size : 1);
     if (data == NULL || read_exactly(fd, data, (size_t)size, (off_t)offset) != 0) return READ_FAILED;
     if (checksum && XXH3_64bits(data, (size_t)size) != *checksum) return READ_FAILED;
     if (!jpeg_size(data, (size_t)size, &h, &w)) return NOT_DECODED;
@@ -258,13 +266,15 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &spec.restarts, &out, &status))
         return NULL;
     m = fds.len / 4;
-    slot_bytes = (Py_ssize_t)spec.out_h * spec.out_w * 3;
     if (checksums_obj != Py_None && PyObject_GetBuffer(checksums_obj, &checksums, PyBUF_SIMPLE) != 0) goto release;
     if (check_items(&fds, "fds", m, 4) || check_items(&offsets, "offsets", m, 8) || check_items(&sizes, "sizes", m, 8) ||
         (checksums.obj && check_items(&checksums, "checksums", m, 8)) || check_items(&tries, "tries", m, 8 * 4 * CROP_TRIES) ||
         check_items(&flips, "flips", m, 1) || check_items(&positions, "positions", m, 8) || check_items(&status, "status", m, 1))
         goto release;
-    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || spec.out_h <= 0 || spec.out_w <= 0 || out.len % slot_bytes) {
+    /* a slot's bytes computed only where they fit Py_ssize_t */
+    slot_bytes = spec.out_h > 0 && spec.out_w > 0 && spec.out_w <= PY_SSIZE_T_MAX / 3 / spec.out_h
+                     ? (Py_ssize_t)spec.out_h * spec.out_w * 3 : 0;
+    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || slot_bytes == 0 || out.len % slot_bytes) {
         PyErr_Format(PyExc_ValueError, "decode_chunk: spec kind %d, %dx%d output, or out's %zd bytes are not whole slots",
                      spec.kind, spec.out_h, spec.out_w, out.len);
         goto release;
