@@ -107,6 +107,9 @@ BENCH_COUNT = Range("count", "--count", 1, 10_000_000, unit="photos")
 BENCH_REPEAT = Range("repeat", "--repeat", 1, 100)
 BENCH_BATCH = Range("batch", "--batch", 1, 1 << 16)
 
+# Loader, QuasiRandomSampler, Augment and their saved states (no CLI options)
+SEED = Range("seed", "", 0, _SEED_MAX)
+
 # ShardDataset(...) and ShardSet (no CLI options)
 BLOCK_BYTES = Range("block_bytes", "", 4 << 10, 1 << 30, unit="bytes")
 MAX_OPEN_SHARDS = Range("max_open_shards", "", 1, 1 << 20)

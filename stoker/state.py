@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
-from stoker.ranges import Range
+from stoker.ranges import SEED, Range
 
 STATE_VERSION = 2
 _TAG = "stoker_state"
@@ -47,7 +47,6 @@ _PART_NAMES = {"Loader": "a stoker.Loader", "QuasiRandomSampler": "a stoker.Quas
                "Echo": "stoker.echo", "Watched": "stoker.watch", "Augment": "a stoker.augment.Augment"}
 
 # The allowed values of the counts a record holds (the same bounds for every part).
-SEED = Range("seed", "", 0, 2**63 - 1)  # numpy takes any non-negative seed; an int64 wherever it is stored
 EPOCH = Range("epoch", "", 0, 2**31 - 1)  # Augment's step is (epoch << 32) + batch: an int64
 COUNT = Range("count", "", 0, 2**62)
 WORLD_SIZE = Range("world_size", "", 1, 1 << 20)

@@ -17,6 +17,7 @@ import torch.utils.data
 
 import stoker
 from stoker import augment as A
+from stoker.errors import OptionError
 from stoker.state import STATE_VERSION, EpochAware, StateError, Stateful, StateWarning
 
 BATCH = 8
@@ -335,3 +336,15 @@ def test_a_rank_state_from_the_sampler_is_the_shares_position(packed):
     other.load_state_dict(state)
     assert list(other) == stoker.QuasiRandomSampler(dataset, num_replicas=2, rank=1).order()[8:].tolist()
     assert np.array_equal(other.order(), stoker.QuasiRandomSampler(dataset, num_replicas=2, rank=1).order())
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70, 1.5, "3", None, True])
+def test_readers_and_augment_refuse_a_seed_their_states_could_not_hold(packed, seed):
+    """A seed outside 0..2**63-1 was taken at construction and then refused when its own state came back."""
+    with pytest.raises(OptionError, match="seed="):
+        stoker.Loader(stoker.ShardDataset(packed), 8, seed=seed)
+    with pytest.raises(OptionError, match="seed="):
+        stoker.QuasiRandomSampler(stoker.ShardDataset(packed), seed=seed)
+    if seed is not None:  # Augment(seed=None): fresh randomness
+        with pytest.raises(OptionError, match="seed="):
+            A.Augment(A.ColorJitter(0.1), seed=seed)

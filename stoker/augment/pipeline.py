@@ -103,7 +103,7 @@ class Augment:
             raise ValueError(f"backend must be torch, or opencv on the CPU; got {backend!r} on {self.device}")
         self.threads = threads or torch.get_num_threads() or os.cpu_count() or 1
         self.channels_last, self.layout = channels_last, layout
-        self.seed, self.epoch, self._calls = seed, 0, 0
+        self.seed, self.epoch, self._calls = (None if seed is None else SEED.check(seed)), 0, 0
         self._pool: ThreadPoolExecutor | None = None
 
     def __call__(self, images: torch.Tensor | Sequence[torch.Tensor], out: torch.Tensor | None = None, *,

@@ -11,6 +11,7 @@ import torch.utils.data
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
 from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
+from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
 _HINT_EVERY = 64
@@ -53,7 +54,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.shards = dataset.shards
         self.bounds = block_bounds_of(self.shards)
         self.window = open_blocks(self.shards, window)
-        self.seed = seed
+        self.seed = SEED.check(seed)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.readahead = readahead

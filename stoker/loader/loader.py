@@ -40,6 +40,7 @@ from stoker.loader.crops import CropSpec
 from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
 from stoker.loader.workers import FirstBatches, WorkerChoice, available_cores, choose_workers
+from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class Loader:
         self.workers = WorkerChoice(processes, self.threads, "as given" if self._first_batches is None else
                                     "threads until the first batches are measured")
         self.prefetch = max(1, prefetch)
-        self.seed = seed
+        self.seed = SEED.check(seed)
         self.drop_last = drop_last
         # clips: the data set's layout (images: NCHW)
         self.layout = layout or ("NCHW" if isinstance(dataset, ShardDataset) or dataset.layout == "TCHW" else "NHWC")
