@@ -130,19 +130,22 @@ def _region_decode() -> Part:
 
 
 def _exact_resize() -> Part:
-    error = _import_error(EXACT_RESIZE)
-    if error is not None:
-        return Part("exact resize", False, "", f"Resize + CenterCrop resized whole by Pillow instead (~3x the time): "
-                                               f"{error}. Fix: reinstall stoker with a C compiler")
-    return Part("exact resize", True, "", "torchvision's Resize + CenterCrop pixels, computed for the crop alone")
+    return _compiled_part(EXACT_RESIZE, "exact resize", "Resize + CenterCrop resized whole by Pillow instead (~3x the time)",
+                          "torchvision's Resize + CenterCrop pixels, computed for the crop alone")
 
 
 def _photometric() -> Part:
-    error = _import_error(PHOTOMETRIC)
+    return _compiled_part(PHOTOMETRIC, "photometric", "ColorJitter, grayscale and Normalize run per image through "
+                          "OpenCV, holding the GIL between calls",
+                          "ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL")
+
+
+def _compiled_part(module: str, name: str, without: str, what: str) -> Part:
+    """The line of an extension that needs only a C compiler: what runs instead where it is missing, and why."""
+    error = _import_error(module)
     if error is not None:
-        return Part("photometric", False, "", f"ColorJitter, grayscale and Normalize run per image through OpenCV, "
-                                              f"holding the GIL between calls: {error}. Fix: reinstall stoker with a C compiler")
-    return Part("photometric", True, "", "ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL")
+        return Part(name, False, "", f"{without}: {error}. Fix: reinstall stoker with a C compiler")
+    return Part(name, True, "", what)
 
 
 def _simplejpeg() -> Part:
