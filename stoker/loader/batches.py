@@ -37,6 +37,12 @@ OnError = Literal["raise", "skip"]
 log = logging.getLogger("stoker.loader")
 
 
+def split(positions: np.ndarray, threads: int) -> list[np.ndarray]:
+    """A batch's ``positions`` as one share per thread: every ``threads``-th one, so that each
+    thread's share spreads over the order the bytes arrive in."""
+    return [positions[t::threads] for t in range(min(threads, len(positions)))]
+
+
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # per (process id, threads): made on first use
 
 
@@ -191,12 +197,8 @@ class BatchMaker:
             return crops, made
         assert self.crop is not None
         indices, draws = batch.indices[positions], BatchDraws(batch.draws.tries[positions], batch.draws.flips[positions])
-        if crops is None:
-            made, labels = decode_samples(self.dataset, self.crop, self.dataset.restart_rows, indices, draws,
-                                          batch.images.numpy(), positions)
-        else:
-            made, labels = decode_samples(self.dataset, self.crop, self.dataset.restart_rows, indices, draws, crops,
-                                          np.arange(len(positions)))
+        out, slots = (batch.images.numpy(), positions) if crops is None else (crops, np.arange(len(positions)))
+        made, labels = decode_samples(self.dataset, self.crop, self.dataset.restart_rows, indices, draws, out, slots)
         batch.labels.numpy()[positions[made]] = labels[made]
         return crops, made
 
@@ -305,8 +307,7 @@ class BatchMaker:
         batch = self.start(epoch, number, indices, shared=True)
         positions = np.arange(len(indices))
         if threads > 1:
-            chunks = [positions[t::threads] for t in range(min(threads, len(positions)))]
-            for future in [_process_pool(threads).submit(self.fill, batch, chunk) for chunk in chunks]:
+            for future in [_process_pool(threads).submit(self.fill, batch, chunk) for chunk in split(positions, threads)]:
                 future.result()
         else:
             self.fill(batch, positions)
