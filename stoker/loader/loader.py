@@ -34,7 +34,7 @@ from stoker.data.epoch import ORDERS, EpochPlan, Order, order_settings, plan_epo
 from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
 from stoker.errors import StokerError
-from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment
+from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
@@ -193,15 +193,16 @@ class Loader:
     def explain(self) -> str:
         """What the loader does with its ``transform``, step by step: fused into the decode,
         batched (and where), or per sample as given, each with the reason."""
+        maker = self._batch_maker()
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
-            where = f"stoker.augment on the CPU, {self._batch_maker().augment_route()}, parameters drawn per batch"
+            where = f"stoker.augment on the CPU, {maker.augment_route()}, parameters drawn per batch"
         if self.processes:
             where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
         workers = f"  workers: {self.workers.describe()} ({self.workers.reason})"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        route = f"  read, decode, crop: {self._batch_maker().decode_route()}"
+        route = f"  read, decode, crop: {maker.decode_route()}"
         text = "\n".join((head, workers, route, self._transform_plan.explain(where)))
         if self._transform_plan.per_sample and self.processes == 0:
             text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
@@ -373,8 +374,7 @@ class Loader:
         # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
         # cache all threads decode what has been read while the rest is read; the batch is the same.
         ordered = ahead.arrival_order(batch.indices)
-        chunks = [ordered[t :: self.threads] for t in range(min(self.threads, len(ordered)))]
-        return batch, [pool.submit(maker.fill, batch, chunk) for chunk in chunks]
+        return batch, [pool.submit(maker.fill, batch, share) for share in split(ordered, self.threads)]
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
