@@ -1,6 +1,6 @@
 """stoker.Loader: batches of decoded, cropped images from a ShardDataset, made by threads.
 
-    order (pure function of seed, epoch, rank) ──> batches of indices
+    order (pure function of seed, epoch) ──dealt to ranks──> batches of indices
         │  for each of the next ``prefetch`` batches: one preallocated uint8 tensor (B, H, W, 3)
         └─> thread pool: read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
                           straight into the batch tensor (decoders and OpenCV release the GIL)
@@ -69,9 +69,15 @@ class Loader:
     the next unseen batch in another process (see :mod:`stoker.state`), reading nothing of the
     epoch before that point. Batches are ``layout`` NCHW (a view of channels_last
     memory) or NHWC; ``device`` copies them there through pinned memory. Under DDP (``rank`` and
-    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
-    rank gets a disjoint share of equal length, padded by repeating the start of the order unless
-    ``drop_last``, so every rank yields the same number of batches.
+    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) the
+    epoch's one global order (the same for any world size: :mod:`stoker.data.epoch`) is dealt to
+    the ranks a batch at a time, in turn, so each step's global batch is a contiguous slice of it.
+    Nothing is repeated: a short last global batch is split near-evenly over the ranks (with fewer
+    samples left than ranks, the last ranks end one step early); ``drop_last`` drops it, so every
+    rank yields the same number of batches. The state counts the epoch's samples across all ranks:
+    rank 0's resumes every rank, on this world size or another, with the same global batch
+    (``batch_size * world_size`` as saved) or the same per-rank ``batch_size``
+    (docs/distributed.md); crops are drawn per batch from where it lies in the epoch's order.
 
     ``transform``: a torchvision pipeline (v1 or v2, e.g. your ImageFolder's ``T.Compose([...])``)
     is read as three parts (stoker/loader/torchvision_plan.py): its leading geometry becomes the
