@@ -167,8 +167,8 @@ def _staging(f: Figures, n: _Names) -> list[Remedy | None]:
     """Storage out of the loop: the data in RAM (stage, or the node cache), or on a local SSD."""
     loader = ("Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm") if f.user_transform else (
         "L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)")
-    if loader[1] is None or not (f.storage_rate < loader[1] or f.disk_shared) or (f.object_store and f.loose):
-        return []  # loose files at a URL: packing comes first (the object-store remedy)
+    if loader[1] is None or not (f.storage_rate < loader[1] or f.disk_shared) or f.object_store:
+        return []  # data at a URL: the object-store remedy stages it (the node cache, with reads in flight)
     shared = "; the disk is shared with other jobs, which then no longer slow this one" if f.disk_shared else ""
     out: list[Remedy | None] = []
     if f.dataset_bytes < 0.5 * f.available_ram_bytes:

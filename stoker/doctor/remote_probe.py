@@ -37,12 +37,15 @@ MIN_READ, MAX_READ, STREAMING_SHARE = 1 * MIB, 64 * MIB, 0.8
 # the proposal is the fewest in flight within FILLED of the best measured.
 GROWTH, FILLED = 1.10, 0.9
 MAX_IN_FLIGHT = 64
+# First-byte requests made whatever the seconds (a busy machine still gets a median).
+_AT_LEAST = 3
 
 
 @dataclass(frozen=True)
 class Bounds:
     """What the object-store probes may spend: requests for first bytes, requests for one stream,
-    bytes in all, and seconds in all."""
+    bytes in all, and about ``seconds`` in all (each phase still makes its first few requests,
+    and the reads in flight get at least a second, however busy the machine)."""
 
     first_byte_requests: int
     stream_requests: int
@@ -79,7 +82,8 @@ class Level:
 @dataclass
 class RemoteReport:
     """What the object store did: each first byte's wait (ms), each large request (bytes, seconds),
-    the size of each read in flight and every level measured; ``reads_in_flight`` and
+    the size of each read in flight and every level measured, why the levels stopped (``stop``:
+    settled, most, bytes or seconds; see :func:`_levels`); ``reads_in_flight`` and
     ``read_bytes`` are the proposal, ``stage`` the node cache proposed for a packed data set
     (set by the run, which knows the data set's size and the RAM; see :func:`propose_cache`)."""
 
@@ -93,6 +97,7 @@ class RemoteReport:
     mean_item_bytes: float
     seconds: float
     bytes_read: int
+    stop: str
     stage: dict | None = None
     failures: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -140,7 +145,7 @@ class RemoteReport:
                 "proposed": {"reads_in_flight": self.reads_in_flight, "read_bytes": self.read_bytes,
                              "stage": self.stage, "expected_mb_per_s": round(self.expected_mb_per_s, 2),
                              "expected_images_per_s": round(self.images_per_s(self.expected_mb_per_s), 1)},
-                "mean_item_bytes": round(self.mean_item_bytes, 1), "bytes_read": self.bytes_read,
+                "stopped": self.stop, "mean_item_bytes": round(self.mean_item_bytes, 1), "bytes_read": self.bytes_read,
                 "seconds": round(self.seconds, 3),
                 "failures": [{"item": name, "reason": reason} for name, reason in self.failures], "notes": self.notes}
 
@@ -158,28 +163,35 @@ def probe_remote(target: Target, bounds: Bounds) -> RemoteReport:
     started = time.perf_counter()
     probe = _Requests(fs, bounds.max_bytes)
     probe.timed(objects[0][0], 0, 1)  # not counted: opens the connection and signs in
+    # Each phase has its share of the seconds, but always makes its first few requests.
+    phase = time.perf_counter() + 0.2 * bounds.seconds
     first: list[float] = []
-    while len(first) < bounds.first_byte_requests and time.perf_counter() < started + 0.2 * bounds.seconds:
+    for k in range(bounds.first_byte_requests):
+        if k >= _AT_LEAST and time.perf_counter() > phase:
+            break
         if (seconds := probe.timed(*_range(objects, 1, rng))) is not None:
             first.append(seconds * 1000)
     first_ms = np.array(first, dtype=np.float64)
     first_byte = float(np.median(first_ms)) / 1000 if first else 0.0
-    stream_size = min(MAX_READ, largest, bounds.max_bytes // (4 * bounds.stream_requests))
+    stream_size = min(MAX_READ, largest, bounds.max_bytes // (4 * max(1, bounds.stream_requests)))
+    phase = time.perf_counter() + 0.2 * bounds.seconds
     streams: list[tuple[int, float]] = []
-    while len(streams) < bounds.stream_requests and time.perf_counter() < started + 0.4 * bounds.seconds:
+    for k in range(bounds.stream_requests):
+        if (k >= 1 and time.perf_counter() > phase) or not probe.room(stream_size if packed else largest):
+            break
         path, start, end = _range(objects, stream_size, rng) if packed else _whole(objects, rng)
         if (seconds := probe.timed(path, start, end)) is not None:
             streams.append((end - start if end is not None and start is not None else probe.size(path), seconds))
     read = read_size(first_byte, _stream_rate(streams, first_byte), largest) if packed else 0
-    levels, settled = _levels(probe, objects, read, rng, started + bounds.seconds)
+    levels, stop = _levels(probe, objects, read or largest, packed, rng,
+                           max(started + bounds.seconds, time.perf_counter() + 1.0))
     report = RemoteReport(target.description, packed, bounds, first_ms, streams,
                           read or int(np.mean([size for _, size in objects])), levels, target.item_bytes(),
-                          time.perf_counter() - started, probe.nbytes, failures=probe.failures)
-    if probe.nbytes + (read or largest) > bounds.max_bytes:
-        report.notes.append(f"the probes stopped at their byte bound ({bounds.max_bytes / 1e6:,.0f} MB)")
-    if not settled:
-        report.notes.append(f"the throughput still grew at {levels[-1].in_flight if levels else 1} reads in flight when "
-                            "the bounds ran out: more in flight may move more")
+                          time.perf_counter() - started, probe.nbytes, stop, failures=probe.failures)
+    if stop in ("bytes", "seconds"):
+        bound = f"{bounds.max_bytes / 1e6:,.0f} MB" if stop == "bytes" else f"{bounds.seconds:.0f} s"
+        report.notes.append(f"the reads in flight stopped at the probes' bound ({bound}) while the throughput still "
+                            f"grew at {levels[-1].in_flight if levels else 1} in flight: more in flight may move more")
     return report
 
 
@@ -265,30 +277,32 @@ def _stream_rate(streams: list[tuple[int, float]], first_byte: float) -> float:
     return float(np.median(rates)) if rates else 0.0
 
 
-def _levels(probe: _Requests, objects: list[tuple[str, int]], read: int, rng: np.random.Generator,
-            deadline: float) -> tuple[list[Level], bool]:
-    """Reads of ``read`` bytes (0: whole objects) with 1, 2, 4, ... in flight, three rounds of
-    each level's count, until one grows under ``GROWTH`` over the best before it (then settled:
-    True), or ``MAX_IN_FLIGHT`` is passed (also settled), or the bytes or seconds run out."""
+def _levels(probe: _Requests, objects: list[tuple[str, int]], each: int, ranged: bool, rng: np.random.Generator,
+            deadline: float) -> tuple[list[Level], str]:
+    """Reads of ``each`` bytes (``ranged``; else whole objects of at most ``each``) with 1, 2, 4,
+    ... in flight, three rounds of each level's count; and why it stopped: ``settled`` (a level
+    grew under ``GROWTH`` over the best before it), ``most`` (``MAX_IN_FLIGHT`` measured), or
+    ``bytes`` / ``seconds`` (the bound ran out first)."""
     levels: list[Level] = []
     in_flight = 1
-    mean = read or int(np.mean([size for _, size in objects]))
-    while in_flight <= MAX_IN_FLIGHT and time.perf_counter() < deadline:
+    while in_flight <= MAX_IN_FLIGHT:
+        if time.perf_counter() > deadline:
+            return levels, "seconds"
         requests = max(3, 3 * in_flight)
-        if not probe.room(requests * mean):
+        if not probe.room(requests * each):
             requests = in_flight  # one round still measures the level
-            if not probe.room(requests * mean):
-                break
-        ranges = [_range(objects, read, rng) if read else _whole(objects, rng) for _ in range(requests)]
+            if not probe.room(requests * each):
+                return levels, "bytes"
+        ranges = [_range(objects, each, rng) if ranged else _whole(objects, rng) for _ in range(requests)]
         before = probe.nbytes
         began = time.perf_counter()
         with ThreadPoolExecutor(in_flight) as pool:
             done = sum(t is not None for t in pool.map(lambda r: probe.timed(*r), ranges))
         levels.append(Level(in_flight, done, probe.nbytes - before, time.perf_counter() - began))
         if len(levels) > 1 and levels[-1].mb_per_s < GROWTH * max(level.mb_per_s for level in levels[:-1]):
-            return levels, True
+            return levels, "settled"
         in_flight *= 2
-    return levels, in_flight > MAX_IN_FLIGHT
+    return levels, "most"
 
 
 def propose_cache(dataset_bytes: float, available_ram: float, ssd: str | None) -> dict:

@@ -230,8 +230,8 @@ def _figures(target: Target, storage: StorageReport | None, remote: RemoteReport
         return Figures(**common, **compute, storage_rate=one * 1e6 / mean_bytes, storage_concurrency=1,
                        sequential_rate=None, dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
                        object_store=ObjectStore(remote.images_per_s(remote.expected_mb_per_s), remote.reads_in_flight,
-                                                remote.read_bytes if remote.packed else 0, remote.first_byte_p50_ms, remote.one_request_mb_per_s,
-                                                remote.stage))
+                                                remote.read_bytes if remote.packed else 0, remote.first_byte_p50_ms,
+                                                remote.one_request_mb_per_s, remote.stage))
     assert storage is not None
     cold = storage.cold_parallel or storage.cold
     mean_bytes = storage.mean_item_bytes or pack.mean_bytes or 1.0
