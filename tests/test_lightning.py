@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import NUMBERED
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train_lightning.py"
-SAMPLES = 48  # one class each: a batch's labels are its sample numbers
 BATCH = 4  # per rank on two ranks: 6 steps an epoch
 EVERY = 2  # steps between checkpoints
 CRASH_AT = 3  # the step whose start kills every rank: after the checkpoint of step 2, with step 3 trained
@@ -56,18 +57,6 @@ if __name__ == "__main__":
     sys.exit()
 
 pytest.importorskip("lightning", reason="needs lightning (the test extra)")
-
-
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory) -> Path:
-    """A packed data set of SAMPLES small photos, sample i in class i, over three shards."""
-    import stoker
-    from stoker.sample_data import make_sample_photos
-
-    root = tmp_path_factory.mktemp("numbered")
-    photos = make_sample_photos(root / "src", count=SAMPLES, num_classes=SAMPLES, seed=2)
-    stoker.pack(photos, root / "ds", shard_bytes=64 << 10, max_side=48, workers=1, progress=False)
-    return root / "ds"
 
 
 def fit(data: Path, runs: Path, name: str, devices: int, batch: int, crash_at: int = 0,
@@ -129,6 +118,6 @@ def test_resumed_on_two_processes_every_sample_once_per_epoch(numbered, killed):
     saved = checkpoint_step(runs / "killed" / "last.ckpt")
     for rank in range(2):  # the same ranks go on with the batch that followed the checkpoint
         assert after[rank][0] == before[rank][saved]
-    assert trained((before, saved), (after, 99), epoch=0) == Counter(range(SAMPLES))
-    assert trained((after, 99), epoch=1) == Counter(range(SAMPLES)), "the next epoch is whole"
-    assert [line["step"] for line in after[0]] == list(range(saved + 1, 2 * SAMPLES // (2 * BATCH) + 1))
+    assert trained((before, saved), (after, 99), epoch=0) == Counter(range(NUMBERED))
+    assert trained((after, 99), epoch=1) == Counter(range(NUMBERED)), "the next epoch is whole"
+    assert [line["step"] for line in after[0]] == list(range(saved + 1, 2 * NUMBERED // (2 * BATCH) + 1))
