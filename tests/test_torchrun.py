@@ -77,7 +77,7 @@ def trained(lines: list[list[dict]], epoch: int) -> Counter:
 
 def test_torchrun_restarts_after_a_kill_and_every_sample_is_trained_once(numbered, tmp_path):
     run, records = torchrun(numbered, tmp_path, "restarted", processes=2, batch=BATCH, crash_at=CRASH_AT, restarts=1,
-                               checkpoint=tmp_path / "run.pt")
+                            checkpoint=tmp_path / "run.pt")
     assert run.returncode == 0, run.stderr[-5000:]
     killed = [[line for line in rank if line["attempt"] == 0] for rank in records]
     resumed = [[line for line in rank if line["attempt"] == 1] for rank in records]
@@ -88,3 +88,20 @@ def test_torchrun_restarts_after_a_kill_and_every_sample_is_trained_once(numbere
     assert trained(kept, 0) + trained(resumed, 0) == Counter(range(NUMBERED))
     assert trained(resumed, 1) == Counter(range(NUMBERED)), "the next epoch is whole"
     assert [line["step"] for line in resumed[0]] == list(range(EVERY + 1, 2 * NUMBERED // (2 * BATCH) + 1))
+
+
+def test_killed_on_one_process_resumed_on_two(numbered, tmp_path):
+    """The same per-rank batch on twice the ranks: each step now takes twice the samples."""
+    batch, checkpoint = 2 * BATCH, tmp_path / "run.pt"
+    run, (killed,) = torchrun(numbered, tmp_path, "one", processes=1, batch=batch, crash_at=CRASH_AT, restarts=0,
+                              checkpoint=checkpoint)
+    assert run.returncode != 0 and [line["step"] for line in killed] == [1, 2, 3]
+    run, resumed = torchrun(numbered, tmp_path, "two", processes=2, batch=batch, crash_at=0, restarts=0,
+                            checkpoint=checkpoint)
+    assert run.returncode == 0, run.stderr[-5000:]
+    assert "resumed at step 2, epoch 0" in run.stdout
+    assert resumed[0][0]["labels"] == killed[EVERY]["labels"], "the epoch goes on with the batch after the checkpoint"
+    assert trained([killed[:EVERY]], 0) + trained(resumed, 0) == Counter(range(NUMBERED))
+    assert trained(resumed, 1) == Counter(range(NUMBERED)), "the next epoch is whole"
+    rest = (NUMBERED - EVERY * batch) // (2 * batch) + NUMBERED // (2 * batch)  # steps of the rest and of epoch 1
+    assert [line["step"] for line in resumed[1]] == list(range(EVERY + 1, EVERY + 1 + rest))
