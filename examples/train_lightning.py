@@ -34,8 +34,9 @@ class Images(L.LightningDataModule):
         self.data, self.batch_size, self.size, self.threads, self.seed = data, batch_size, size, threads, seed
 
     def train_dataloader(self) -> stoker.Loader:
+        # drop_last: every rank makes the same number of steps (DDP all-reduces each one)
         return stoker.Loader(stoker.ShardDataset(self.data), self.batch_size, crop=stoker.CropSpec(size=(self.size, self.size)),
-                             threads=self.threads, seed=self.seed)
+                             threads=self.threads, seed=self.seed, drop_last=True)
 
 
 class Classifier(L.LightningModule):

@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None, after_step: AfterStep | None = None)
     torch.manual_seed(args.seed)
     dataset = stoker.ShardDataset(args.data)
     loader = stoker.Loader(dataset, args.batch_size, crop=stoker.CropSpec(size=(args.size, args.size)),
-                           threads=args.threads, seed=args.seed, device=device if cuda else None)  # rank from dist
+                           threads=args.threads, seed=args.seed, device=device if cuda else None,  # rank from dist
+                           drop_last=True)  # every rank makes the same number of steps (DDP all-reduces each one)
     model = DistributedDataParallel(network(len(dataset.classes)).to(device), device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = 0
