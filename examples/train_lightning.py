@@ -54,11 +54,6 @@ class Classifier(L.LightningModule):
         self.log("loss", loss, prog_bar=True)
         return loss
 
-    def on_train_epoch_start(self) -> None:
-        # Lightning calls set_epoch on a DataLoader's sampler only, and stops asking for batches after
-        # len(loader) of them, before the Loader sees its pass end: tell the Loader each new epoch
-        self.trainer.train_dataloader.set_epoch(self.current_epoch)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 

@@ -18,7 +18,7 @@ import pytest
 import torch.utils.data
 
 import stoker
-from stoker.data.epoch import BlockOrder, epoch_sequence, plan_epoch
+from stoker.data.epoch import BlockOrder, epoch_sequence, plan_epoch, rank_batches
 from stoker.data.order import block_bounds
 from stoker.state import Position, StateError, resume_mode
 
@@ -137,7 +137,7 @@ def test_a_version_2_state_resumes_on_one_rank_and_is_refused_from_several(packe
                  "samples_done": 24}
     loader = stoker.Loader(dataset, 4, crop=crop, rank=1, world_size=2)  # the same global batch
     loader.load_state_dict(version_2)
-    assert loader.state_dict()["samples_done"] == 24 and len(loader) == (len(dataset) - 24) // 8
+    assert loader.state_dict()["samples_done"] == 24 and len(loader) == len(dataset) // 8  # a whole epoch
     with pytest.raises(StateError, match=r"version 2 record saved on 2 ranks.*set_epoch\(0\)"):
         loader.load_state_dict({**version_2, "world_size": 2})
     sampler_2 = {**version_2, "part": "QuasiRandomSampler", "batch_size": None, "order": "quasi_random"}
@@ -182,14 +182,16 @@ def loader_run(packed, fingerprints, rng, processes: int, drop_last: bool) -> tu
         for loader in loaders:
             if state is not None:
                 loader.load_state_dict(state)
-        steps = len(loaders[0])
+        done = 0 if state is None else state["samples_done"]  # len() is a whole epoch's: the pass has the rest
+        steps = len(rank_batches(len(dataset), start=done, world_size=world, rank=0, batch_size=batch,
+                                 drop_last=drop_last))
         kill = int(rng.integers(0, steps)) if steps and (len(worlds) < 3 or rng.random() < 0.5) else steps
         worlds.append(world)
         made = [[images.numpy() for images, _ in take(loader, kill, steps)] for loader in loaders]
         for step in range(kill):
-            for rank_batches in made:
-                if step < len(rank_batches):
-                    delivered += [fingerprints[image.tobytes()] for image in rank_batches[step]]
+            for made_by_rank in made:
+                if step < len(made_by_rank):
+                    delivered += [fingerprints[image.tobytes()] for image in made_by_rank[step]]
         state = loaders[0].state_dict()
         if kill == steps:
             assert state["epoch"] == 1 and state["samples_done"] == 0

@@ -98,13 +98,6 @@ def checkpoint_step(path: Path) -> int:
     return torch.load(path, weights_only=False)["global_step"]
 
 
-# stoker.Loader's len() after a resume is what is left of the epoch (since the elastic resume); Lightning adds the
-# batches its checkpoint had done to those it fetches and stops at len() (training_epoch_loop.py on_run_start:
-# fetched += batch_progress.current.ready; fetchers.py: done = fetched >= length), so the epoch ends that early
-RESUMED_LEN_IS_THE_REST = pytest.mark.xfail(strict=True, reason="Loader.__len__ after a resume counts the batches left, "
-                                            "and Lightning stops that many batches early: until len() is the epoch's")
-
-
 @pytest.fixture(scope="module")
 def killed(numbered, tmp_path_factory):
     """Two processes that trained 3 steps of epoch 0, checkpointed after step 2, then were killed."""
@@ -124,7 +117,6 @@ def test_the_checkpoint_holds_the_loaders_position(killed):
     assert [line["step"] for line in records[0]] == [1, 2, 3], "step 3 was trained, then the ranks were killed"
 
 
-@RESUMED_LEN_IS_THE_REST
 def test_resumed_on_two_processes_every_sample_once_per_epoch(numbered, killed):
     runs, before = killed
     after = fit(numbered, runs, "resumed-2", devices=2, batch=BATCH, resume_from="killed")
@@ -136,7 +128,6 @@ def test_resumed_on_two_processes_every_sample_once_per_epoch(numbered, killed):
     assert [line["step"] for line in after[0]] == list(range(saved + 1, 2 * NUMBERED // (2 * BATCH) + 1))
 
 
-@RESUMED_LEN_IS_THE_REST
 def test_resumed_on_one_process_with_the_same_global_batch(numbered, killed):
     runs, before = killed
     (after,) = fit(numbered, runs, "resumed-1", devices=1, batch=2 * BATCH, resume_from="killed")
@@ -147,7 +138,6 @@ def test_resumed_on_one_process_with_the_same_global_batch(numbered, killed):
     assert [line["step"] for line in after] == list(range(saved + 1, 2 * NUMBERED // (2 * BATCH) + 1))
 
 
-@RESUMED_LEN_IS_THE_REST
 def test_resumed_on_one_process_with_the_same_per_rank_batch(numbered, killed):
     runs, before = killed
     (after,) = fit(numbered, runs, "resumed-1-per-rank", devices=1, batch=BATCH, resume_from="killed")
@@ -157,9 +147,6 @@ def test_resumed_on_one_process_with_the_same_per_rank_batch(numbered, killed):
     assert trained(([after], 99), epoch=1) == Counter(range(NUMBERED)), "the next epoch is whole"
 
 
-@pytest.mark.xfail(strict=True, reason="stoker.Loader starts its next epoch only when a pass is iterated past its last "
-                   "batch, and Lightning stops after len(loader) batches and calls set_epoch on a DataLoader's sampler "
-                   "only: the example's on_train_epoch_start calls set_epoch, until the Loader does without it")
 def test_a_loader_alone_gives_lightning_every_epoch(numbered, tmp_path):
     import lightning as L
 

@@ -193,7 +193,7 @@ class Loader:
         self._epoch_order = BlockOrder(self._bounds, order, self.window)
         self.epoch = 0
         self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
-        self._pass_from: int | None = None  # where the pass being iterated started (None between passes)
+        self._epoch_named = False  # set_epoch named the epoch of the next pass (at its end: an empty pass)
         self._dataset = dataset.shards.manifest.digest()
         if transform is not None:
             _log.info("%s", self.explain())
@@ -218,18 +218,22 @@ class Loader:
         return text
 
     def __len__(self) -> int:
-        """Batches of the pass on this rank: a whole epoch's, or after a resume (or a pass left
-        early) the rest's; while a pass runs, that pass's."""
-        start = self._position if self._pass_from is None else self._pass_from
-        return len(rank_batches(len(self._epoch_order), start=start, world_size=self.world_size, rank=self.rank,
+        """Batches of a whole epoch on this rank, as a DataLoader counts them, whether or not a
+        resume (or a loop left early) has consumed part of it: a trainer that keeps its own count of
+        the steps done (Lightning restores it from its checkpoint) and stops at ``len`` ends the
+        epoch where the Loader does. After a resume that keeps the per-rank batch on more ranks, the
+        rest of the epoch has more steps than that (see docs/distributed.md)."""
+        return len(rank_batches(len(self._epoch_order), start=0, world_size=self.world_size, rank=self.rank,
                                 batch_size=self.batch_size, drop_last=self.drop_last))
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
-        loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already."""
+        loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already. Without
+        it, a pass that starts where the last one ended, after the epoch's last batch, is the next
+        epoch's (a trainer that stops at ``len`` and calls no set_epoch, as Lightning does)."""
         if epoch != self.epoch:
             self._position = 0
-        self.epoch = epoch
+        self.epoch, self._epoch_named = epoch, True
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is (a :class:`stoker.state.Position`): the samples of the epoch's global
@@ -260,7 +264,12 @@ class Loader:
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
         plan = self._plan(self.epoch, self._position)
-        self._pass_from = self._position
+        if not len(plan.batches) and self._position and not self._epoch_named:
+            # The last pass stopped after the epoch's last batch without asking past it (Lightning
+            # stops at len()): this pass is the next epoch's. After set_epoch(this epoch) it is empty.
+            self.epoch, self._position = self.epoch + 1, 0
+            plan = self._plan(self.epoch, 0)
+        self._epoch_named = False
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = Lookahead(self.dataset.shards, self._bounds, plan.share, self.window, hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
@@ -276,7 +285,6 @@ class Loader:
                 yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
             self.epoch, self._position = self.epoch + 1, 0
         finally:
-            self._pass_from = None
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
