@@ -20,11 +20,14 @@ Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
     per-image  the same Loader without decode_chunk (decode_crop.py per image: the path before it)
 
-Pipelines: ``crop`` (CropSpec RandomResizedCrop + flip to uint8) and ``train`` (the standard
-torchvision train Compose through ``Loader(transform=)``: needs torchvision, e.g. .venv-tv).
+Pipelines: ``crop`` (CropSpec RandomResizedCrop + flip to uint8), ``exact`` (CropSpec center 224
+exact: a translated Resize(256) + CenterCrop(224), Pillow's resize, to uint8), and through
+``Loader(transform=)`` (need torchvision, e.g. .venv-tv) ``train`` (the standard torchvision train
+Compose) and ``val`` (Resize(256) + CenterCrop(224) + ToTensor + Normalize).
 
     .venv/bin/python bench/gil.py --pipeline crop --threads 2
     .venv-tv/bin/python bench/gil.py --pipeline train --threads 2
+    .venv-tv/bin/python bench/gil.py --pipeline val --threads 2
 
 Needs py-spy (``pip install 'stoker[bench]'``) and the right to ptrace the child (root, or
 kernel.yama.ptrace_scope 0).
@@ -46,6 +49,8 @@ from pathlib import Path
 from _common import header, prepared_photos
 
 PATHS = ("native", "per-image")
+PIPELINES = ("crop", "exact", "train", "val")
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 IMAGES, PROCESS_CPU, NATIVE_CPU = range(3)  # the measured process's progress, in a shared array
@@ -77,15 +82,17 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     else:
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
         batches.augment_chunk = _cpu_counted(batches.augment_chunk, progress)
-    if pipeline == "train":  # the standard train Compose (stoker/bench/readers/standard.py)
+    if pipeline in ("train", "val"):  # the standard Composes (train: stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 
-        train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
-                           T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=train, threads=threads)
+        geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4)] \
+            if pipeline == "train" else [T.Resize(256), T.CenterCrop(224)]
+        transform = T.Compose([*geometry, T.ToTensor(), T.Normalize(MEAN, STD)])
+        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=transform, threads=threads)
     else:
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=stoker.CropSpec("random_resized", (224, 224)),
-                               threads=threads)
+        crop = stoker.CropSpec("random_resized", (224, 224)) if pipeline == "crop" else \
+            stoker.CropSpec("center", (224, 224), flip=False, exact=True)
+        loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=crop, threads=threads)
     epoch = 0
     while True:
         loader.set_epoch(epoch)
@@ -143,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("bench-data/loader"), help="sample photos and shards (made once)")
     parser.add_argument("--count", type=int, default=4000, help="sample photos to make when --data has none")
-    parser.add_argument("--pipeline", choices=("crop", "train"), default="crop")
+    parser.add_argument("--pipeline", choices=PIPELINES, default="crop")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seconds", type=int, default=10, help="sampling time per run")
