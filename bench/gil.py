@@ -11,10 +11,12 @@ a process of its own, lets it warm up, then, while counting the images it makes:
              the loop and py-spy) short holds are inflated many times over.
   CPU        (in a window of its own, before py-spy's)
              the process's CPU time less the CPU time its threads spent inside the native calls
-             that run without the GIL (decode_chunk, the photometric apply_chunk; timed per call
-             with the calling thread's CPU clock): an upper bound on the CPU time spent holding
-             the GIL (other C code that releases it counts as held), which preemption does not
-             inflate. Native path only (the per-image path has no such calls to subtract).
+             that run without the GIL (decode_chunk, the photometric apply_chunk, and the per-image
+             path's decodes and exact resizes: simplejpeg's decode_jpeg, decode_region,
+             resize_crop; timed per call with the calling thread's CPU clock): an upper bound on
+             the CPU time spent holding the GIL (other C code that releases it, OpenCV's resizes,
+             flips and the per-image augmentation among it, counts as held), which preemption does
+             not inflate.
 
 Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -73,8 +76,10 @@ def _cpu_counted(function, progress):
 def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, progress, ready) -> None:
     """The measured process: a Loader over ``shards`` made epoch after epoch; ``progress`` its images,
     its CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
+    import simplejpeg
+
     import stoker
-    from stoker.loader import batches, native_chunk, photometric
+    from stoker.loader import batches, decode_crop, native_chunk, photometric
 
     if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
         native_chunk.decode_chunk = None
@@ -82,6 +87,11 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     else:
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
         batches.augment_chunk = _cpu_counted(batches.augment_chunk, progress)
+    for name in ("decode_region", "resize_crop"):  # what the per-image path runs without the GIL
+        if getattr(decode_crop, name) is not None:
+            setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name), progress))
+    decode_crop.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
+                                                   decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg, progress))
     if pipeline in ("train", "val"):  # the standard Composes (train: stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 
@@ -105,8 +115,8 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
         epoch += 1
 
 
-def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float | None, float, Counter]:
-    """(py-spy's GIL us per image, the CPU bound's (None on the per-image path), images per second,
+def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float, float, Counter]:
+    """(py-spy's GIL us per image, the CPU bound's, images per second,
     GIL samples by the function holding it) for one run."""
     context = mp.get_context("spawn")
     progress, ready = context.Array("d", 3), context.Event()
@@ -121,10 +131,8 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
         time.sleep(args.seconds)
         with progress.get_lock():
             after = list(progress)
-        cpu = None
-        if path == "native":
-            cpu = (after[PROCESS_CPU] - before[PROCESS_CPU] - (after[NATIVE_CPU] - before[NATIVE_CPU])) / \
-                (after[IMAGES] - before[IMAGES]) * 1e6
+        cpu = (after[PROCESS_CPU] - before[PROCESS_CPU] - (after[NATIVE_CPU] - before[NATIVE_CPU])) / \
+            (after[IMAGES] - before[IMAGES]) * 1e6
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "gil.txt"
             with progress.get_lock():
@@ -162,7 +170,7 @@ def main() -> None:
         raise SystemExit("bench/gil.py needs py-spy: pip install 'stoker[bench]'")
     header(f"GIL held per image, {args.pipeline} pipeline, {args.threads} threads, batches of {args.batch}")
     _, shards = prepared_photos(args.data, args.count)
-    results: dict[str, list[tuple[float, float | None, float]]] = {path: [] for path in PATHS}
+    results: dict[str, list[tuple[float, float, float]]] = {path: [] for path in PATHS}
     where: dict[str, Counter] = {path: Counter() for path in PATHS}
     order = [PATHS[i % 2] for i in range(2 * args.repeat)]  # A B A B ...
     for path in order:
@@ -174,13 +182,13 @@ def main() -> None:
     medians = {}
     for path in PATHS:
         gil = statistics.median(g for g, _, _ in results[path])
-        cpus = [c for _, c, _ in results[path] if c is not None]
-        cpu = statistics.median(cpus) if cpus else None
+        cpu = statistics.median(c for _, c, _ in results[path])
         rate = statistics.median(r for _, _, r in results[path])
-        medians[path] = gil
-        bound = f"(at most {1e6 / (cpu or gil):,.0f} img/s per process)"
+        medians[path] = gil, cpu
+        bound = f"(at most {1e6 / cpu:,.0f} img/s per process)"
         print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s  {bound}")
-    print(f"  per-image / native, py-spy: {medians['per-image'] / medians['native']:.1f}x")
+    (gil_a, cpu_a), (gil_b, cpu_b) = medians["per-image"], medians["native"]
+    print(f"  per-image / native: py-spy {gil_a / gil_b:.1f}x, CPU {cpu_a / cpu_b:.1f}x")
     for path in PATHS:
         total = sum(where[path].values())
         print(f"\nwhere the GIL was held, {path} (share of samples):")
@@ -188,8 +196,8 @@ def main() -> None:
             print(f"  {n / total:6.1%}  {function}")
 
 
-def _us(value: float | None) -> str:
-    return f"{value:7.1f} us" if value is not None else "      - us"
+def _us(value: float) -> str:
+    return f"{value:7.1f} us"
 
 
 if __name__ == "__main__":
