@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from collections import Counter
@@ -57,18 +58,22 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 IMAGES, PROCESS_CPU, NATIVE_CPU = range(3)  # the measured process's progress, in a shared array
+# The measured process's CPU seconds inside the counted calls, per thread: each thread adds to its own
+# entry (no lock in the call's path: the per-image path makes several such calls per image), and the
+# loop publishes their sum with each batch, beside the process's CPU time.
+_native_seconds: dict[int, float] = {}
 
 
-def _cpu_counted(function, progress):
-    """``function``, adding the calling thread's CPU time inside it to ``progress[NATIVE_CPU]``."""
+def _cpu_counted(function):
+    """``function``, adding the calling thread's CPU time inside it to its ``_native_seconds``."""
 
     def timed(*args, **kwargs):
         start = time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
-            with progress.get_lock():
-                progress[NATIVE_CPU] += time.thread_time() - start
+            thread = threading.get_ident()
+            _native_seconds[thread] = _native_seconds.get(thread, 0.0) + time.thread_time() - start
 
     return timed
 
@@ -85,13 +90,13 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
         native_chunk.decode_chunk = None
         photometric.apply_chunk = None
     else:
-        native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
-        batches.augment_chunk = _cpu_counted(batches.augment_chunk, progress)
+        native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk)
+        batches.augment_chunk = _cpu_counted(batches.augment_chunk)
     for name in ("decode_region", "resize_crop"):  # what the per-image path runs without the GIL
         if getattr(decode_crop, name) is not None:
-            setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name), progress))
+            setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name)))
     decode_crop.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
-                                                   decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg, progress))
+                                                   decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg))
     if pipeline in ("train", "val"):  # the standard Composes (train: stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 
@@ -110,6 +115,7 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
             with progress.get_lock():
                 progress[IMAGES] += len(labels)
                 progress[PROCESS_CPU] = time.process_time()
+                progress[NATIVE_CPU] = sum(list(_native_seconds.values()))
         if epoch == 0:
             ready.set()
         epoch += 1
