@@ -71,7 +71,7 @@ wheel: $(BUILD_VENV)/.installed
 # A copy of the package with its C extensions built under AddressSanitizer and UndefinedBehavior-
 # Sanitizer (the developer's in-place .so files are left alone), then tests/stress_extensions.py on
 # it: many more threads than cores, every DCT scale, restart-marker strips, damaged JPEGs, exact
-# resizes, transcodes, decode_chunk's chunks and the photometric ops, each outcome checked against a
+# resizes, transcodes, decode_chunk's chunks (exact crops too) and the photometric ops, each outcome checked against a
 # one-thread run. Python is not built with
 # ASan, so its runtime is preloaded; leak reports would be Python's own.
 SANITIZE_DIR := build/sanitize

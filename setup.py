@@ -16,16 +16,18 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         # decode_chunk.c (a chunk of samples per call, without the GIL) shares the region decode;
-        # bilinear.c resizes as cv2.resize; no FMA contraction, so crop boxes round as crops.py's do
+        # bilinear.c resizes as cv2.resize, pillow_resample.c as Pillow (the exact crops, the same
+        # source as _resample's); no FMA contraction, so crop boxes round as crops.py's do
         Extension("stoker.loader._jpeg_region",
-                  ["stoker/loader/_jpeg_region.c", "stoker/loader/decode_chunk.c", "stoker/loader/bilinear.c"],
+                  ["stoker/loader/_jpeg_region.c", "stoker/loader/decode_chunk.c", "stoker/loader/bilinear.c",
+                   "stoker/loader/pillow_resample.c"],
                   libraries=["jpeg"], extra_compile_args=["-ffp-contract=off"],
                   depends=["stoker/_jpeg_strict.h", "stoker/loader/region.h", "stoker/loader/bilinear.h",
-                           "third_party/xxhash/xxhash.h"], optional=True),
+                           "stoker/loader/pillow_resample.h", "third_party/xxhash/xxhash.h"], optional=True),
         Extension("stoker.pack._jpeg_restart", ["stoker/pack/_jpeg_restart.c"], libraries=["jpeg"],
                   depends=["stoker/_jpeg_strict.h"], optional=True),
-        Extension("stoker.loader._resample", ["stoker/loader/_resample.c"], extra_compile_args=["-ffp-contract=off"],
-                  optional=True),
+        Extension("stoker.loader._resample", ["stoker/loader/_resample.c", "stoker/loader/pillow_resample.c"],
+                  extra_compile_args=["-ffp-contract=off"], depends=["stoker/loader/pillow_resample.h"], optional=True),
         Extension("stoker.loader._photometric", ["stoker/loader/_photometric.c"],
                   # its header says why each: fused multiply-adds only where written, vectorized loops
                   extra_compile_args=["-ffp-contract=off", "-fno-trapping-math", "-fno-wrapv", "-ffinite-math-only",

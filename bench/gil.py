@@ -11,20 +11,25 @@ a process of its own, lets it warm up, then, while counting the images it makes:
              the loop and py-spy) short holds are inflated many times over.
   CPU        (in a window of its own, before py-spy's)
              the process's CPU time less the CPU time its threads spent inside the native calls
-             that run without the GIL (decode_chunk, the photometric apply_chunk; timed per call
-             with the calling thread's CPU clock): an upper bound on the CPU time spent holding
-             the GIL (other C code that releases it counts as held), which preemption does not
-             inflate. Native path only (the per-image path has no such calls to subtract).
+             that run without the GIL (decode_chunk, the photometric apply_chunk, and the per-image
+             path's decodes and exact resizes: simplejpeg's decode_jpeg, decode_region,
+             resize_crop; timed per call with the calling thread's CPU clock): an upper bound on
+             the CPU time spent holding the GIL (other C code that releases it, OpenCV's resizes,
+             flips and the per-image augmentation among it, counts as held), which preemption does
+             not inflate.
 
 Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
     per-image  the same Loader without decode_chunk (decode_crop.py per image: the path before it)
 
-Pipelines: ``crop`` (CropSpec RandomResizedCrop + flip to uint8) and ``train`` (the standard
-torchvision train Compose through ``Loader(transform=)``: needs torchvision, e.g. .venv-tv).
+Pipelines: ``crop`` (CropSpec RandomResizedCrop + flip to uint8), ``exact`` (CropSpec center 224
+exact: a translated Resize(256) + CenterCrop(224), Pillow's resize, to uint8), and through
+``Loader(transform=)`` (need torchvision, e.g. .venv-tv) ``train`` (the standard torchvision train
+Compose) and ``val`` (Resize(256) + CenterCrop(224) + ToTensor + Normalize).
 
     .venv/bin/python bench/gil.py --pipeline crop --threads 2
     .venv-tv/bin/python bench/gil.py --pipeline train --threads 2
+    .venv-tv/bin/python bench/gil.py --pipeline val --threads 2
 
 Needs py-spy (``pip install 'stoker[bench]'``) and the right to ptrace the child (root, or
 kernel.yama.ptrace_scope 0).
@@ -39,28 +44,36 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
 from _common import header, prepared_photos
 
 PATHS = ("native", "per-image")
+PIPELINES = ("crop", "exact", "train", "val")
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 IMAGES, PROCESS_CPU, NATIVE_CPU = range(3)  # the measured process's progress, in a shared array
+# The measured process's CPU seconds inside the counted calls, per thread: each thread adds to its own
+# entry (no lock in the call's path: the per-image path makes several such calls per image), and the
+# loop publishes their sum with each batch, beside the process's CPU time.
+_native_seconds: dict[int, float] = {}
 
 
-def _cpu_counted(function, progress):
-    """``function``, adding the calling thread's CPU time inside it to ``progress[NATIVE_CPU]``."""
+def _cpu_counted(function):
+    """``function``, adding the calling thread's CPU time inside it to its ``_native_seconds``."""
 
     def timed(*args, **kwargs):
         start = time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
-            with progress.get_lock():
-                progress[NATIVE_CPU] += time.thread_time() - start
+            thread = threading.get_ident()
+            _native_seconds[thread] = _native_seconds.get(thread, 0.0) + time.thread_time() - start
 
     return timed
 
@@ -68,24 +81,33 @@ def _cpu_counted(function, progress):
 def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, progress, ready) -> None:
     """The measured process: a Loader over ``shards`` made epoch after epoch; ``progress`` its images,
     its CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
+    import simplejpeg
+
     import stoker
-    from stoker.loader import batches, native_chunk, photometric
+    from stoker.loader import batches, decode_crop, native_chunk, photometric
 
     if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
         native_chunk.decode_chunk = None
         photometric.apply_chunk = None
     else:
-        native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk, progress)
-        batches.augment_chunk = _cpu_counted(batches.augment_chunk, progress)
-    if pipeline == "train":  # the standard train Compose (stoker/bench/readers/standard.py)
+        native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk)
+        batches.augment_chunk = _cpu_counted(batches.augment_chunk)
+    for name in ("decode_region", "resize_crop"):  # what the per-image path runs without the GIL
+        if getattr(decode_crop, name) is not None:
+            setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name)))
+    decode_crop.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
+                                                   decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg))
+    if pipeline in ("train", "val"):  # the standard Composes (train: stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 
-        train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
-                           T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=train, threads=threads)
+        geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4)] \
+            if pipeline == "train" else [T.Resize(256), T.CenterCrop(224)]
+        transform = T.Compose([*geometry, T.ToTensor(), T.Normalize(MEAN, STD)])
+        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=transform, threads=threads)
     else:
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=stoker.CropSpec("random_resized", (224, 224)),
-                               threads=threads)
+        crop = stoker.CropSpec("random_resized", (224, 224)) if pipeline == "crop" else \
+            stoker.CropSpec("center", (224, 224), flip=False, exact=True)
+        loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=crop, threads=threads)
     epoch = 0
     while True:
         loader.set_epoch(epoch)
@@ -93,13 +115,14 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
             with progress.get_lock():
                 progress[IMAGES] += len(labels)
                 progress[PROCESS_CPU] = time.process_time()
+                progress[NATIVE_CPU] = sum(list(_native_seconds.values()))
         if epoch == 0:
             ready.set()
         epoch += 1
 
 
-def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float | None, float, Counter]:
-    """(py-spy's GIL us per image, the CPU bound's (None on the per-image path), images per second,
+def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tuple[float, float, float, Counter]:
+    """(py-spy's GIL us per image, the CPU bound's, images per second,
     GIL samples by the function holding it) for one run."""
     context = mp.get_context("spawn")
     progress, ready = context.Array("d", 3), context.Event()
@@ -114,10 +137,8 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
         time.sleep(args.seconds)
         with progress.get_lock():
             after = list(progress)
-        cpu = None
-        if path == "native":
-            cpu = (after[PROCESS_CPU] - before[PROCESS_CPU] - (after[NATIVE_CPU] - before[NATIVE_CPU])) / \
-                (after[IMAGES] - before[IMAGES]) * 1e6
+        cpu = (after[PROCESS_CPU] - before[PROCESS_CPU] - (after[NATIVE_CPU] - before[NATIVE_CPU])) / \
+            (after[IMAGES] - before[IMAGES]) * 1e6
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "gil.txt"
             with progress.get_lock():
@@ -143,7 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("bench-data/loader"), help="sample photos and shards (made once)")
     parser.add_argument("--count", type=int, default=4000, help="sample photos to make when --data has none")
-    parser.add_argument("--pipeline", choices=("crop", "train"), default="crop")
+    parser.add_argument("--pipeline", choices=PIPELINES, default="crop")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seconds", type=int, default=10, help="sampling time per run")
@@ -155,7 +176,7 @@ def main() -> None:
         raise SystemExit("bench/gil.py needs py-spy: pip install 'stoker[bench]'")
     header(f"GIL held per image, {args.pipeline} pipeline, {args.threads} threads, batches of {args.batch}")
     _, shards = prepared_photos(args.data, args.count)
-    results: dict[str, list[tuple[float, float | None, float]]] = {path: [] for path in PATHS}
+    results: dict[str, list[tuple[float, float, float]]] = {path: [] for path in PATHS}
     where: dict[str, Counter] = {path: Counter() for path in PATHS}
     order = [PATHS[i % 2] for i in range(2 * args.repeat)]  # A B A B ...
     for path in order:
@@ -167,13 +188,13 @@ def main() -> None:
     medians = {}
     for path in PATHS:
         gil = statistics.median(g for g, _, _ in results[path])
-        cpus = [c for _, c, _ in results[path] if c is not None]
-        cpu = statistics.median(cpus) if cpus else None
+        cpu = statistics.median(c for _, c, _ in results[path])
         rate = statistics.median(r for _, _, r in results[path])
-        medians[path] = gil
-        bound = f"(at most {1e6 / (cpu or gil):,.0f} img/s per process)"
+        medians[path] = gil, cpu
+        bound = f"(at most {1e6 / cpu:,.0f} img/s per process)"
         print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s  {bound}")
-    print(f"  per-image / native, py-spy: {medians['per-image'] / medians['native']:.1f}x")
+    (gil_a, cpu_a), (gil_b, cpu_b) = medians["per-image"], medians["native"]
+    print(f"  per-image / native: py-spy {gil_a / gil_b:.1f}x, CPU {cpu_a / cpu_b:.1f}x")
     for path in PATHS:
         total = sum(where[path].values())
         print(f"\nwhere the GIL was held, {path} (share of samples):")
@@ -181,8 +202,8 @@ def main() -> None:
             print(f"  {n / total:6.1%}  {function}")
 
 
-def _us(value: float | None) -> str:
-    return f"{value:7.1f} us" if value is not None else "      - us"
+def _us(value: float) -> str:
+    return f"{value:7.1f} us"
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ through the strip path of their restart-marker transcodes (what ``stoker pack --
 stores); damaged copies of both (bit flips, cuts at random points, garbage in the restart table);
 exact resizes (``_resample.resize_crop``) of random sizes; restart transcodes of damaged JPEGs;
 ``decode_chunk`` (the Loader's native path: read through a real file's descriptor, xxh3 check,
-region decode, crop, halving, bilinear resize, flip) on chunks of those JPEGs and restart packs,
-damaged and truncated members, wrong checksums, members past the file's end or of absurd sizes, a
-directory's descriptor, random CropSpecs of every kind with outputs down to 1x1; and
+region decode, crop, halving, bilinear resize, flip; or, for exact crops, the whole image decoded
+with the accurate IDCT and fancy upsampling and Pillow's resize cut to the crop) on chunks of those
+JPEGs and restart packs, damaged and truncated members, wrong checksums, members past the file's
+end or of absurd sizes, a directory's descriptor, random CropSpecs of every kind, exact or not,
+with outputs down to 1x1; and
 ``_photometric.apply_chunk`` with the op codes and parameters ``photometric.encode`` makes of random
 ColorJitter / Grayscale / Normalize pipelines, float32 and uint8 output, in every build the CPU
 runs, now and then with an op code that is none. Each case's outcome (a digest of the output bytes,
@@ -254,9 +256,10 @@ def members_file(workdir: pathlib.Path, pools: list[list[bytes]],
 def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, directory: int) -> Case:
     """decode_chunk on 1-4 members (of JPEGs, restart transcodes, damaged ones, the damaged index's:
     ``members_file``'s pools, 40/30/20/10%; a wrong checksum now and then; a directory's or no
-    descriptor for a few) with a random CropSpec (every kind, outputs from 1x1, thin aspect ranges),
-    strips on or off; a few calls with a position outside ``out`` (a ValueError). The outcome: the
-    count made, every status, and the bytes of the slots made (the others keep the filled byte)."""
+    descriptor for a few) with a random CropSpec (every kind, outputs from 1x1, thin aspect ranges,
+    exact (Pillow's resize of the whole decoded image) for a third), strips on or off; a few calls
+    with a position outside ``out`` (a ValueError). The outcome: the count made, every status, and
+    the bytes of the slots made (the others keep the filled byte)."""
     m = int(rng.integers(1, 5))
     pools = [members[i] for i in rng.choice(len(members), m, p=[0.4, 0.3, 0.2, 0.1])]
     picked = [pool[rng.integers(len(pool))] for pool in pools]
@@ -264,7 +267,7 @@ def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, d
     scale_lo = float(rng.uniform(0.005, 0.6))
     ratio_lo = float(rng.uniform(0.1, 1.0))
     spec = (int(rng.integers(3)), out_h, out_w, scale_lo, float(rng.uniform(scale_lo, 1.0)), ratio_lo,
-            float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.0)), bool(rng.random() < 0.6))
+            float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.0)), bool(rng.random() < 0.6), bool(rng.random() < 0.33))
     fds = np.array([fd if rng.random() < 0.95 else [directory, -1][rng.integers(2)] for _ in range(m)], np.int32)
     offsets = np.array([p.offset for p in picked], np.uint64)
     sizes = np.array([p.size for p in picked], np.uint64)

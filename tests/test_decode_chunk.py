@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -26,6 +27,15 @@ SPECS = [
     CropSpec("random_resized", (48, 64), scale=(0.01, 1.0), ratio=(0.2, 5.0)),  # every DCT scale, thin boxes
     CropSpec("center", (224, 224)),
     CropSpec("resize", (96, 128), flip=0.0),
+]
+# The exact path (a translated Resize + CenterCrop: the whole image decoded as simplejpeg's default,
+# Pillow's resize): the val pipeline's crop; an upscale of small images; a 16 px output (many taps
+# per pixel); Resize((h, w)) stretched, flipped.
+EXACT_SPECS = [
+    CropSpec("center", (224, 224), exact=True),
+    CropSpec("center", (100, 100), center_fraction=0.9, exact=True),
+    CropSpec("center", (16, 16), exact=True),
+    CropSpec("resize", (96, 128), exact=True),
 ]
 
 
@@ -73,7 +83,11 @@ def restart_packed(photos, tmp_path_factory) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.size[0]}x{s.size[1]}")
+def _spec_id(spec: CropSpec) -> str:
+    return f"{spec.kind}-{spec.size[0]}x{spec.size[1]}{'-exact' if spec.exact else ''}"
+
+
+@pytest.mark.parametrize("spec", SPECS + EXACT_SPECS, ids=_spec_id)
 @pytest.mark.parametrize("pack", ["packed", "restart_packed"])
 def test_native_batches_are_the_per_image_path_s(request, monkeypatch, pack, spec):
     path = request.getfixturevalue(pack)
@@ -93,17 +107,54 @@ def test_images_of_every_size_and_aspect(tmp_path, monkeypatch):
         (tmp_path / "src" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).save(tmp_path / "src" / f"c{i % 3}" / f"{i:03}.jpg", quality=90)
     stoker.pack(tmp_path / "src", tmp_path / "ds", workers=1, progress=False)
-    for spec in SPECS:
+    for spec in SPECS + EXACT_SPECS:
         calls = Calls(monkeypatch)
         native = _batches(tmp_path / "ds", spec, threads=2)
         assert calls.made == len(sizes)
         _assert_same(native, _per_image(monkeypatch, tmp_path / "ds", spec, threads=2))
 
 
-def test_what_only_pillow_decodes_goes_the_per_image_way(odd_images, tmp_path, monkeypatch):
+def _synthetic_jpeg(height: int, width: int, sampling: str | None, progressive: bool, quality: int) -> bytes:
+    """A JPEG of gradients and noise with OpenCV's chroma ``sampling`` (None: gray)."""
+    rng = np.random.default_rng([height, width, quality])
+    yy, xx = np.mgrid[0:height, 0:width]
+    pixels = np.stack([xx * 255 // max(width - 1, 1), yy * 255 // max(height - 1, 1), (xx + yy) % 256], -1)
+    pixels = (pixels // 2 + rng.integers(0, 128, (height, width, 3))).astype(np.uint8)
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
+    if sampling is None:
+        pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
+    else:
+        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, getattr(cv2, f"IMWRITE_JPEG_SAMPLING_FACTOR_{sampling}")]
+    ok, encoded = cv2.imencode(".jpg", pixels, params)
+    assert ok
+    return encoded.tobytes()
+
+
+@pytest.mark.parametrize("restart_rows", [False, True])
+def test_exact_crops_of_every_chroma_sampling(tmp_path, monkeypatch, restart_rows):
+    """The exact path's decode (accurate IDCT, fancy upsampling: every upsampler libjpeg-turbo has,
+    odd sizes, progressive scans, gray) against simplejpeg's, which the per-image path runs."""
+    samplings = ("444", "422", "420", "440", "411", None)
+    sizes = [(375, 500), (333, 517), (201, 95), (17, 9), (1, 1), (8, 300), (300, 8), (129, 127)]
+    for i, (h, w) in enumerate(sizes):
+        for sampling in samplings:
+            for progressive in (False, True):
+                name = f"{i}-{sampling}-{int(progressive)}.jpg"
+                (tmp_path / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+                (tmp_path / "src" / f"c{i % 2}" / name).write_bytes(_synthetic_jpeg(h, w, sampling, progressive, 85 + i))
+    stoker.pack(tmp_path / "src", tmp_path / "ds", restart_rows=restart_rows, workers=1, progress=False)
+    for spec in EXACT_SPECS:
+        calls = Calls(monkeypatch)
+        native = _batches(tmp_path / "ds", spec, threads=2)
+        assert calls.made == len(sizes) * len(samplings) * 2
+        _assert_same(native, _per_image(monkeypatch, tmp_path / "ds", spec, threads=2))
+
+
+@pytest.mark.parametrize("spec", [CropSpec("random_resized", (32, 32)), CropSpec("center", (32, 32), exact=True)],
+                         ids=_spec_id)
+def test_what_only_pillow_decodes_goes_the_per_image_way(odd_images, tmp_path, monkeypatch, spec):
     """CMYK JPEGs, PNG, WebP, BMP: left to the per-image path (Pillow), in the same batch; the rest native."""
     stoker.pack(odd_images, tmp_path / "ds", workers=1, progress=False)
-    spec = CropSpec("random_resized", (32, 32))
     calls = Calls(monkeypatch)
     native = _batches(tmp_path / "ds", spec, threads=2)
     assert calls.calls >= 1 and calls.made == 2  # gray.jpg and progressive.jpg; cmyk.jpg and the rest by Pillow
@@ -134,25 +185,40 @@ def damaged(photos, tmp_path) -> tuple[Path, str]:
     return tmp_path / "ds", key
 
 
-def test_a_damaged_sample_raises_naming_it(damaged):
+ERROR_SPECS = [SPECS[0], EXACT_SPECS[0]]  # the damaged data below, both ways
+
+
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
+def test_a_damaged_sample_raises_naming_it(damaged, spec):
     path, key = damaged
     with pytest.raises(CorruptDataError, match="checksum mismatch") as caught:
-        _batches(path, SPECS[0], threads=2)
+        _batches(path, spec, threads=2)
     assert key in str(caught.value)
 
 
-def test_a_damaged_sample_is_skipped_as_the_per_image_path_skips_it(damaged, monkeypatch):
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
+def test_a_damaged_sample_is_skipped_as_the_per_image_path_skips_it(damaged, monkeypatch, spec):
     path, _ = damaged
-    native = _batches(path, SPECS[0], threads=2, on_error="skip")
-    _assert_same(native, _per_image(monkeypatch, path, SPECS[0], threads=2, on_error="skip"))
+    native = _batches(path, spec, threads=2, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, spec, threads=2, on_error="skip"))
 
 
-def test_a_truncated_shard_raises_naming_it(photos, tmp_path):
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
+def test_a_damaged_jpeg_read_unverified_goes_the_per_image_way(damaged, monkeypatch, spec):
+    """With verify=False the flipped byte reaches the decoder: the native path leaves the sample to
+    decode_crop.py, which skips it (or makes what Pillow makes of it) as before."""
+    path, _ = damaged
+    native = _batches(path, spec, threads=2, verify=False, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, spec, threads=2, verify=False, on_error="skip"))
+
+
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
+def test_a_truncated_shard_raises_naming_it(photos, tmp_path, spec):
     stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
     shard = next((tmp_path / "ds").glob("shard-*.tar"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     with pytest.raises(CorruptDataError, match="truncated"):
-        _batches(tmp_path / "ds", SPECS[0], threads=2)
+        _batches(tmp_path / "ds", spec, threads=2)
 
 
 @pytest.fixture
@@ -180,10 +246,11 @@ def test_a_sample_without_members_in_a_damaged_index_raises_naming_it(damaged_in
     assert key in str(caught.value)
 
 
-def test_a_damaged_index_skips_as_the_per_image_path_does(damaged_index, monkeypatch):
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
+def test_a_damaged_index_skips_as_the_per_image_path_does(damaged_index, monkeypatch, spec):
     path, _ = damaged_index
-    native = _batches(path, SPECS[0], threads=2, verify=False, on_error="skip")
-    _assert_same(native, _per_image(monkeypatch, path, SPECS[0], threads=2, verify=False, on_error="skip"))
+    native = _batches(path, spec, threads=2, verify=False, on_error="skip")
+    _assert_same(native, _per_image(monkeypatch, path, spec, threads=2, verify=False, on_error="skip"))
 
 
 def test_first_members_finds_each_samples_image_member():
@@ -202,7 +269,7 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     data = encode(Image.new("RGB", (32, 32), (200, 10, 10)), "JPEG")
     return dict(fds=np.zeros(n, np.int32), offsets=np.zeros(n, np.uint64), sizes=np.full(n, len(data), np.uint64),
                 checksums=None, tries=np.zeros((n, 10, 4)), flips=np.zeros(n, np.uint8), positions=np.arange(n),
-                spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False), out=np.zeros((slots, 8, 8, 3), np.uint8),
+                spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False), out=np.zeros((slots, 8, 8, 3), np.uint8),
                 status=np.zeros(n, np.uint8))
 
 
@@ -211,11 +278,11 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     (dict(tries=np.zeros((2, 9, 4))), "tries"),
     (dict(positions=np.array([0, 2])), "position 2 is not a slot"),
     (dict(positions=np.array([-1, 0])), "position -1"),
-    (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False)), "spec kind 3"),
+    (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False)), "spec kind 3"),
     (dict(out=np.zeros((2, 8, 7, 3), np.uint8)), "not whole slots"),
     (dict(checksums=np.zeros(1, np.uint64)), "checksums"),
     # a slot of 2^31-1 squared pixels does not fit Py_ssize_t: refused, not wrapped
-    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False), out=np.zeros(0, np.uint8)),
+    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False, False), out=np.zeros(0, np.uint8)),
      "2147483647x2147483647 output"),
 ])
 def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
@@ -224,19 +291,21 @@ def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
         _jpeg_region.decode_chunk(**args)
 
 
-def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
+@pytest.mark.parametrize("exact", [False, True])
+def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path, exact):
     good = encode(Image.new("RGB", (32, 32), (200, 10, 10)), "JPEG")
     png = encode(Image.new("RGB", (32, 32)), "PNG")
     path = tmp_path / "blob"
     path.write_bytes(good + png)
+    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact)
     with open(path, "rb") as f:
-        args = _chunk_args(4, 4) | dict(
+        args = _chunk_args(4, 4) | dict(spec=spec,
             fds=np.full(4, f.fileno(), np.int32),
             offsets=np.array([0, len(good), 0, len(good) + len(png) - 4], np.uint64),
             sizes=np.array([len(good), len(png), len(good) // 2, 100], np.uint64))
         assert _jpeg_region.decode_chunk(**args) == 1
         # what a damaged, unverified index may say: no bytes, sizes and offsets of any 64 bits
-        damaged = _chunk_args(5, 5) | dict(
+        damaged = _chunk_args(5, 5) | dict(spec=spec,
             fds=np.full(5, f.fileno(), np.int32), offsets=np.array([0, 0, 0, 2**63, 2**64 - 1], np.uint64),
             sizes=np.array([0, 2**31 + 1, 2**64 - 1, len(good), 1], np.uint64))
         assert _jpeg_region.decode_chunk(**damaged) == 0
@@ -246,13 +315,11 @@ def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path):
     assert not args["out"][1:].any()
 
 
-@pytest.mark.parametrize("spec, route", [
-    (CropSpec("random_resized", (64, 64)), "one native call per chunk"),
-    (CropSpec("center", (64, 64), exact=True), "the exact resize"),
-])
-def test_explain_says_how_samples_are_decoded(packed, spec, route):
+@pytest.mark.parametrize("spec", [CropSpec("random_resized", (64, 64)), CropSpec("center", (64, 64), exact=True)],
+                         ids=_spec_id)
+def test_explain_says_how_samples_are_decoded(packed, spec):
     loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=spec)
-    assert f"read, decode, crop: {'per image from Python (' if 'exact' in route else ''}{route}" in loader.explain()
+    assert "read, decode, crop: one native call per chunk" in loader.explain()
 
 
 def test_explain_says_when_the_extension_is_missing(packed, monkeypatch):

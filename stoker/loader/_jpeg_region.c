@@ -219,8 +219,13 @@ int region_decode(Job *job) {
     cinfo.out_color_space = JCS_RGB; /* converts grayscale and YCbCr sources too */
     cinfo.scale_num = 1;
     cinfo.scale_denom = (unsigned)job->scale;
-    cinfo.dct_method = JDCT_IFAST;       /* simplejpeg's fastdct */
-    cinfo.do_fancy_upsampling = FALSE;   /* simplejpeg's fastupsample: chroma pixels replicated */
+    if (job->exact) { /* simplejpeg's (and Pillow's) defaults: libjpeg's */
+        cinfo.dct_method = JDCT_ISLOW;
+        cinfo.do_fancy_upsampling = TRUE;
+    } else {
+        cinfo.dct_method = JDCT_IFAST;     /* simplejpeg's fastdct */
+        cinfo.do_fancy_upsampling = FALSE; /* simplejpeg's fastupsample: chroma pixels replicated */
+    }
     jpeg_start_decompress(&cinfo);       /* progressive files: reads all scans here */
 
     /* The region at 1/scale, widened to whole pixels; output_* = ceil(image_* / scale). */
@@ -265,7 +270,9 @@ int region_decode(Job *job) {
             rowptrs[i] = job->out + (size_t)(cinfo.output_scanline - y0 + i) * stride;
         jpeg_read_scanlines(&cinfo, rowptrs, n);
     }
-    /* Rows below the region are never decoded: destroy (which aborts) instead of finishing. */
+    /* Rows below the region are never decoded: destroy (which aborts) instead of finishing. An exact
+     * decode reads on to EOI as simplejpeg's does, so what it warns about there fails here too. */
+    if (job->exact) jpeg_finish_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
     return 0;
 

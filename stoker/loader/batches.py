@@ -210,8 +210,6 @@ class BatchMaker:
             return "one native call per chunk of samples on each thread, the GIL released (decode_chunk)"
         if self.crop is None:
             reason = "whole images: no crop to fuse"
-        elif self.crop.exact:
-            reason = "the exact resize (Pillow's, as torchvision's Resize) is not in decode_chunk"
         elif not decodes_natively(self.crop):
             reason = "the region-decode extension is not built here (see stoker env)"
         else:

@@ -7,8 +7,11 @@
  * this loop does the rest per sample, the same steps as decode_crop.py's fast path: the crop box
  * (crops.py's rule), the DCT scale, the region decode (region_decode in _jpeg_region.c, strips of
  * restart-marker packs included), the cut, halving an axis that shrinks 2x or more, the bilinear
- * resize (bilinear.c: cv2.resize's pixels) and the flip. Its pixels are the Python path's; the
- * tests compare the two.
+ * resize (bilinear.c: cv2.resize's pixels) and the flip. An exact crop (CropSpec.exact: a
+ * translated Resize + CenterCrop) takes decode_crop.py's exact path instead: the whole image
+ * decoded as simplejpeg's default decode, then Pillow's resize computed for the crop's pixels
+ * (pillow_resample.c, which the _resample extension shares) and the flip. Its pixels are the
+ * Python path's; the tests compare the two.
  *
  * A sample this loop does not finish gets a status instead of pixels, and Python makes it the
  * slow way, which raises or skips as the Loader's on_error says, or decodes what only Pillow can:
@@ -29,6 +32,7 @@
 #define XXH_INLINE_ALL
 #include "../../third_party/xxhash/xxhash.h"
 #include "bilinear.h"
+#include "pillow_resample.h"
 #include "region.h"
 
 enum { DONE = 0, READ_FAILED = 1, NOT_DECODED = 2 };
@@ -37,7 +41,7 @@ enum { RANDOM_RESIZED = 0, CENTER = 1, RESIZE = 2 };
 #define STRIP_SLACK 64 /* decode_crop._STRIP_SLACK */
 
 typedef struct {
-    int kind, out_h, out_w, restarts;
+    int kind, out_h, out_w, restarts, exact;
     double scale_lo, scale_hi, ratio_lo, ratio_hi, center_fraction;
 } Spec;
 
@@ -184,6 +188,31 @@ static int crop_resize(Pixels block, long origin_y, long origin_x, long scaled_h
     return 0;
 }
 
+/* decode_crop._resample_exact on the image `data` (h x w): decoded whole as simplejpeg's default
+ * decode, resized as torchvision's Resize does with Pillow and cut as CenterCrop does, flipped. */
+static int exact_crop(const Spec *spec, const unsigned char *data, size_t size, long h, long w, int flip, Pixels out,
+                      Buffers *buffers) {
+    long new_h, new_w, top, left;
+    Job job;
+
+    exact_resize(spec, h, w, &new_h, &new_w, &top, &left);
+    /* a crop larger than the resize: the Python path reports it */
+    if (!pillow_resize_fits(h, w, new_h, new_w, top, left, out.height, out.width)) return NOT_DECODED;
+    memset(&job, 0, sizeof job);
+    job.data = data;
+    job.size = size;
+    job.height = h, job.width = w;
+    job.scale = 1;
+    job.exact = 1;
+    job.out_size = (size_t)h * (size_t)w * 3;
+    job.out = scratch_get(&buffers->decode, job.out_size);
+    if (job.out == NULL || region_decode(&job) != 0) return NOT_DECODED;
+    if (pillow_resize_crop(job.out, h, w, new_h, new_w, top, left, out.pixels, out.height, out.width) != 0)
+        return NOT_DECODED;
+    if (flip) flip_columns(out);
+    return DONE;
+}
+
 /* One sample: read, check, decode its crop into `out`. */
 static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t size, const uint64_t *checksum,
                          const double *tries, int flip, Pixels out, Buffers *buffers) {
@@ -202,6 +231,7 @@ static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t siz
     if (data == NULL || read_exactly(fd, data, (size_t)size, (off_t)offset) != 0) return READ_FAILED;
     if (checksum && XXH3_64bits(data, (size_t)size) != *checksum) return READ_FAILED;
     if (!jpeg_size(data, (size_t)size, &h, &w)) return NOT_DECODED;
+    if (spec->exact) return exact_crop(spec, data, (size_t)size, h, w, flip, out, buffers);
     box = crop_box(spec, h, w, tries);
     scale = dct_scale(spec, box);
     scaled_h = (h + scale - 1) / scale, scaled_w = (w + scale - 1) / scale;
@@ -246,9 +276,10 @@ const char DECODE_CHUNK_DOC[] =
     "checksums uint64 (m,) (their xxh3-64) or None not to check; tries float64 (m, 10, 4) and flips\n"
     "uint8 (m,): the crop draws (crops.draw_batch); positions int64 (m,): each sample's slot in out;\n"
     "spec (kind 0/1/2 = random_resized/center/resize, out_h, out_w, scale_lo, scale_hi, ratio_lo,\n"
-    "ratio_hi, center_fraction, restarts); out: a writable (N, out_h, out_w, 3) uint8 buffer; status:\n"
-    "a writable uint8 (m,) buffer, each sample's outcome (0 done, 1 read failed or checksum mismatch,\n"
-    "2 not decoded here). Returns how many samples were done.";
+    "ratio_hi, center_fraction, restarts, exact: decode_crop.py's exact path, Pillow's resize); out: a\n"
+    "writable (N, out_h, out_w, 3) uint8 buffer; status: a writable uint8 (m,) buffer, each sample's\n"
+    "outcome (0 done, 1 read failed or checksum mismatch, 2 not decoded here). Returns how many\n"
+    "samples were done.";
 
 PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fds", "offsets", "sizes", "checksums", "tries", "flips", "positions", "spec", "out", "status", NULL};
@@ -260,10 +291,10 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
     int ok = 0;
 
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddp)w*w*:decode_chunk", keywords, &fds, &offsets,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddpp)w*w*:decode_chunk", keywords, &fds, &offsets,
                                      &sizes, &checksums_obj, &tries, &flips, &positions, &spec.kind, &spec.out_h, &spec.out_w,
                                      &spec.scale_lo, &spec.scale_hi, &spec.ratio_lo, &spec.ratio_hi, &spec.center_fraction,
-                                     &spec.restarts, &out, &status))
+                                     &spec.restarts, &spec.exact, &out, &status))
         return NULL;
     m = fds.len / 4;
     if (checksums_obj != Py_None && PyObject_GetBuffer(checksums_obj, &checksums, PyBUF_SIMPLE) != 0) goto release;

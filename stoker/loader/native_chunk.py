@@ -7,7 +7,9 @@ Here Python runs once per chunk: it describes the chunk's reads as arrays
 (:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and returns which samples were made;
 the rest (not JPEG, CMYK, damaged, read remotely or through the node cache) go through
 decode_crop.py one by one, which decodes what Pillow can and raises or skips as ``on_error`` says.
-The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does.
+The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does, or,
+for an exact crop (a translated Resize + CenterCrop), decodes the whole image as simplejpeg does and
+resizes as Pillow does (the _resample extension's code, compiled into both).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ _KINDS = {"random_resized": 0, "center": 1, "resize": 2}
 
 
 def decodes_natively(spec: CropSpec | None) -> bool:
-    """Whether ``decode_chunk`` makes this crop: any CropSpec but ``exact`` (Pillow's resize, the
-    translated Resize + CenterCrop) and whole images, where the extension is built."""
-    return decode_chunk is not None and spec is not None and not spec.exact
+    """Whether ``decode_chunk`` makes this crop: any CropSpec (``exact`` included), not whole
+    images, where the extension is built."""
+    return decode_chunk is not None and spec is not None
 
 
 def decode_samples(dataset: ShardDataset, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,
@@ -52,7 +54,7 @@ def decode_samples(dataset: ShardDataset, spec: CropSpec, restarts: bool, indice
     return status == 0, reads.labels
 
 
-def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool]:
+def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool, bool]:
     (out_h, out_w), (scale_lo, scale_hi), (ratio_lo, ratio_hi) = spec.size, spec.scale, spec.ratio
     return (_KINDS[spec.kind], out_h, out_w, float(scale_lo), float(scale_hi), float(ratio_lo), float(ratio_hi),
-            float(spec.center_fraction), restarts)
+            float(spec.center_fraction), restarts, spec.exact)

@@ -12,6 +12,8 @@ typedef struct {
     size_t size;
     Py_ssize_t top, left, height, width;
     int scale;
+    int exact; /* decoded as simplejpeg's default (decode_crop.py's exact path): the accurate IDCT and fancy
+                  upsampling, the region the whole image at scale 1, read to its end (EOI) */
     unsigned char *out;
     size_t out_size;
     unsigned char *strip; /* NULL, or where a strip JPEG may be built from the image's restart table */
