@@ -150,6 +150,7 @@ class Position:
     blocks: str | None  # the block layout, "<count> blocks #<digest>" (quasi_random only; else None)
     drop_last: bool
     samples_done: int  # samples of this rank's share of ``epoch`` consumed
+    mix: str | None = None  # a stoker.Mix's weights and options (Mix.describe()); None for one data set
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain values (for torch.save or JSON)."""
@@ -169,8 +170,11 @@ class Position:
                              "record the order it was saved in (order or shuffle, window, block layout, drop_last), "
                              "so resuming it in another order could not be refused; call set_epoch("
                              f"{state.get('epoch')!r}) to restart its epoch instead")
-        names = tuple(name for name in cls.__dataclass_fields__ if name != "part")
+        names = tuple(name for name in cls.__dataclass_fields__ if name not in ("part", "mix"))
         values = read_state(state, part, names)
+        mix = state.get("mix")  # absent from records written before stoker.Mix
+        if mix is not None and (not isinstance(mix, str) or not mix):
+            raise StateError(f"{_PART_NAMES[part]} cannot load this state: mix={mix!r} must be None or a Mix's description")
         world_size = checked(part, "world_size", values["world_size"], WORLD_SIZE)
         if not isinstance(values["dataset"], str) or not values["dataset"]:
             raise StateError(f"{_PART_NAMES[part]} cannot load this state: dataset={values['dataset']!r} must be "
@@ -202,6 +206,7 @@ class Position:
             blocks=blocks,
             drop_last=checked_choice(part, "drop_last", values["drop_last"], (False, True)),
             samples_done=checked(part, "samples_done", values["samples_done"], COUNT),
+            mix=mix,
         )
 
     def check_fits(self, current: Position) -> None:

@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
-from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
+from stoker.data.mix import Mix, MixReader
+from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
 from stoker.errors import StokerError
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
@@ -106,7 +107,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ShardDataset | VideoClipDataset,
+        dataset: ShardDataset | Mix | VideoClipDataset,
         batch_size: int,
         *,
         crop: CropSpec | None = None,
@@ -162,7 +163,7 @@ class Loader:
         self.seed = SEED.check(seed)
         self.drop_last = drop_last
         # clips: the data set's layout (images: NCHW)
-        self.layout = layout or ("NCHW" if isinstance(dataset, ShardDataset) or dataset.layout == "TCHW" else "NHWC")
+        self.layout = layout or ("NCHW" if isinstance(dataset, (ShardDataset, Mix)) or dataset.layout == "TCHW" else "NHWC")
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
@@ -182,11 +183,16 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
-        self._bounds = block_bounds_of(dataset.shards)
-        self.window = open_blocks(dataset.shards, window)
+        self._mix: MixReader | None = None  # a Mix's epochs, batches and records
+        if isinstance(dataset, Mix):
+            self._mix = MixReader(dataset, batch_size, order, window, self.rank, self.world_size, drop_last)
+            self._bounds, self.window, self._dataset = np.zeros(1, np.int64), window, dataset.digest()
+        else:
+            self._bounds = block_bounds_of(dataset.shards)
+            self.window = open_blocks(dataset.shards, window)
+            self._dataset = dataset.shards.manifest.digest()
         self.epoch = 0
         self._position = 0  # samples of this epoch's share yielded
-        self._dataset = dataset.shards.manifest.digest()
         if transform is not None:
             _log.info("%s", self.explain())
 
@@ -211,6 +217,8 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
+        if self._mix is not None:
+            return self._mix.batches()
         share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
         return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
 
@@ -233,6 +241,8 @@ class Loader:
         is refused (StateError); the state's seed is taken (a StateWarning when it is not this
         loader's)."""
         saved = Position.from_dict(state, "Loader")
+        if self._mix is not None:
+            saved = self._mix.resumable(saved)
         saved.check_fits(self._record(0, 0))
         if saved.samples_done % self.batch_size and saved.samples_done != self._epoch_samples():
             raise StateError(f"samples_done={saved.samples_done} is not at a batch boundary (batch size {self.batch_size})")
@@ -245,7 +255,9 @@ class Loader:
             self._choose_workers(*self._first_batches.result)
         plan = self._plan(self.epoch, self._position)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead = Lookahead(self.dataset.shards, self._bounds, plan.rest, self.window, hint_blocks=self.order != "random")
+        ahead: ReadsAhead = self._mix.lookahead(plan.rest) if self._mix is not None else \
+            Lookahead(self.dataset.shards, self._bounds, plan.rest, self.window,  # type: ignore[union-attr]  # not a Mix
+                      hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
@@ -289,7 +301,7 @@ class Loader:
         if self._in_threads_augment:
             dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
             augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
-        if isinstance(dataset, ShardDataset):
+        if isinstance(dataset, (ShardDataset, Mix)):
             return BatchMaker(dataset, self.crop, *args, augment=augment)
         from stoker.loader.clips import ClipBatchMaker
 
@@ -297,7 +309,7 @@ class Loader:
         return ClipBatchMaker(dataset, self.crop, *args, augment=augment)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                    ahead: Lookahead) -> Generator[_Made, None, None]:
+                    ahead: ReadsAhead) -> Generator[_Made, None, None]:
         """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
         ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
         free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
@@ -332,7 +344,7 @@ class Loader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                      ahead: Lookahead) -> Generator[_Made, None, None]:
+                      ahead: ReadsAhead) -> Generator[_Made, None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
         numbers = range(plan.start // self.batch_size, len(self))
         queued = self.prefetch * self.processes
@@ -352,21 +364,27 @@ class Loader:
         return self._plan(self.epoch if epoch is None else epoch).share
 
     def _plan(self, epoch: int, start: int = 0) -> EpochPlan:
+        if self._mix is not None:
+            return self._mix.plan(self.seed, epoch, start)
         return plan_epoch(self._bounds, order=self.order, window=self.window, seed=self.seed, epoch=epoch, rank=self.rank,
                           world_size=self.world_size, drop_last=self.drop_last, start=start)
 
     def _epoch_samples(self) -> int:
         """Samples a whole epoch yields on this rank (with ``drop_last``, whole batches only)."""
+        if self._mix is not None:
+            return len(self) * self.batch_size
         share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
         return min(share, len(self) * self.batch_size)
 
     def _record(self, epoch: int, samples_done: int) -> Position:
+        if self._mix is not None:
+            return self._mix.position("Loader", self._dataset, self.seed, epoch, samples_done)
         window, blocks = order_settings(self._bounds, self.order, self.window)
         return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
                         self.order, window, blocks, self.drop_last, samples_done)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
-                ahead: Lookahead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
+                ahead: ReadsAhead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
         """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
         hints.submit(ahead.advance, number * self.batch_size - plan.start)
         indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
@@ -441,13 +459,13 @@ def _gpu_for_decoding(maker_type: type[BatchMaker], plan: TransformPlan, process
     return device
 
 
-def _maker_type(dataset: ShardDataset | VideoClipDataset) -> type[BatchMaker]:
+def _maker_type(dataset: ShardDataset | Mix | VideoClipDataset) -> type[BatchMaker]:
     """What makes the batches of ``dataset``: images, or video clips."""
-    if isinstance(dataset, ShardDataset):
+    if isinstance(dataset, (ShardDataset, Mix)):
         return BatchMaker
     from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
     from stoker.video.dataset import VideoClipDataset
 
     if not isinstance(dataset, VideoClipDataset):
-        raise TypeError(f"Loader reads a ShardDataset or a VideoClipDataset, got {type(dataset).__name__}")
+        raise TypeError(f"Loader reads a ShardDataset, a Mix or a VideoClipDataset, got {type(dataset).__name__}")
     return ClipBatchMaker
