@@ -1,10 +1,10 @@
 """One resume protocol for every stateful part of an input pipeline, and the records it saves.
 
-    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 2, "part": "Loader",
+    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 3, "part": "Loader",
       wrapped by echo / watch (their own records,             "dataset": <digest>, "seed", "epoch",
       the reader's inside)                                    "world_size", "rank", "batch_size",
                                                               "order", "window", "blocks", "drop_last",
-                                                              "samples_done"}
+                                                              "samples_done", "mix", "consumed"}
 
 Every part has ``state_dict()``, ``load_state_dict(state)`` and ``set_epoch(epoch)`` (after the
 torchdata.nodes design: state is part of each node, not bolted on); :class:`Stateful` says so and
@@ -13,32 +13,37 @@ version (``stoker_state``); :func:`read_state` opens one for the part that loads
 record of another part, another version or a damaged one with a :class:`StateError` saying what it
 got and what it expected, and :func:`checked` refuses a field whose value is out of range.
 
-A reader's state is a :class:`Position`: which data set (its manifest's digest), seed, epoch, world
-size, rank, batch size, what determines the order (``order``; for ``quasi_random`` its ``window``
-and block layout; ``drop_last``), and how many samples of this rank's share of the epoch the
-training loop has consumed. Loading a position saved for another data set, world size, batch size,
-order or kind of reader raises :class:`StateError` naming both values. Another seed is not refused:
-the state's seed is taken, so the resumed run goes on with the saved run's order and crops, and a
-:class:`StateWarning` names both seeds. A position saved by another rank of the same world size is
-taken as it is (ranks step together, so every rank's position in its own share is the same: saving
-on rank 0 only is enough). Positions of format version 1 did not record the order and are refused.
+A reader's state is a :class:`Position`: which data set (its manifest's digest), seed, epoch, the
+world size and per-rank batch size it was saved with, what determines the order (``order``; for
+``quasi_random`` its ``window`` and block layout; ``drop_last``; a mixture's ``mix``), and how many
+samples of the epoch's global sequence the training loop has consumed across all ranks
+(``samples_done``; a mixture adds each source's count, ``consumed``). The sequence is the same for
+any world size (stoker/data/epoch.py), so rank 0's position serves every rank, and a position saved
+on W ranks resumes on W' ranks (:meth:`Position.check_fits`): with the same global batch (each
+rank's batch is ``W * batch_size / W'``) or with the same per-rank batch. Loading a position saved
+for another data set, order or kind of reader, or with a batch size that keeps neither, raises
+:class:`StateError` naming both values. Another seed is not refused: the state's seed is taken, so
+the resumed run goes on with the saved run's order and crops, and a :class:`StateWarning` names both
+seeds. Positions of format version 2 counted one rank's share: those saved on one rank are read
+as they are; those of several ranks, and version 1 ones, are refused with how to restart the epoch.
 
 A reader iterated by the loop knows what the loop consumed: every batch it yielded. A torch
 DataLoader has no state and its workers read ahead, so its QuasiRandomSampler is asked instead,
-with the count of samples the loop consumed: ``sampler.state_dict(samples_done)``, which the
-wrappers (stoker.echo, stoker.watch) supply themselves (see :func:`state_of`).
+with the count of samples the loop consumed on this rank: ``sampler.state_dict(samples_done)``,
+which the wrappers (stoker.echo, stoker.watch) supply themselves (see :func:`state_of`).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
 from stoker.ranges import SEED, Range
 
-STATE_VERSION = 2
+STATE_VERSION = 2  # the records of echo, watch and Augment
+POSITION_VERSION = 3  # a reader's Position (3: samples done across all ranks; elastic)
 _TAG = "stoker_state"
 _PART = "part"
 
@@ -83,15 +88,16 @@ class Stateful(EpochAware, Protocol):
         """Continue from a :meth:`state_dict`."""
 
 
-def record(part: str, **fields: Any) -> dict[str, Any]:
+def record(part: str, *, version: int = STATE_VERSION, **fields: Any) -> dict[str, Any]:
     """A state record of ``part`` (its class name): the fields, the format version and who wrote it."""
-    return {_TAG: STATE_VERSION, _PART: part, **fields}
+    return {_TAG: version, _PART: part, **fields}
 
 
-def read_state(state: Any, part: str, fields: tuple[str, ...], *, version_1: bool = False) -> dict[str, Any]:
-    """The ``fields`` of a record that ``part`` wrote; StateError for anything else, saying what it
-    got and what was expected. ``version_1``: also take the previous format, which had no tag and
-    no part (a dict of exactly ``fields``), where loading it is safe."""
+def read_state(state: Any, part: str, fields: tuple[str, ...], *, version_1: bool = False,
+               version: int = STATE_VERSION) -> dict[str, Any]:
+    """The ``fields`` of a record of format ``version`` that ``part`` wrote; StateError for anything
+    else, saying what it got and what was expected. ``version_1``: also take the first format, which
+    had no tag and no part (a dict of exactly ``fields``), where loading it is safe."""
     name = _PART_NAMES.get(part, part)
     if not isinstance(state, dict):
         raise StateError(f"{name} cannot load a {type(state).__name__} as its state: expected the dict its "
@@ -101,16 +107,16 @@ def read_state(state: Any, part: str, fields: tuple[str, ...], *, version_1: boo
             return state
         raise StateError(f"{name} cannot load this state: it is not a stoker state record (no {_TAG!r} and "
                          f"{_PART!r}; keys {sorted(map(str, state))}); expected one written by {name}'s state_dict()")
-    version = state[_TAG]
-    if isinstance(version, bool) or version != STATE_VERSION:
-        newer = "; a newer stoker wrote it?" if isinstance(version, int) and version > STATE_VERSION else ""
-        raise StateError(f"{name} cannot load this state: record version {version!r} is not the one this stoker "
-                         f"reads ({STATE_VERSION}{newer})")
     wrote = state.get(_PART)
     if wrote != part:
         got = _PART_NAMES.get(wrote, repr(wrote)) if isinstance(wrote, str) else "a record that does not say"
         raise StateError(f"{name} cannot load a state written by {got} (part {wrote!r}): expected one written "
                          f"by {name} (part {part!r}); load each part's state into the same kind of part")
+    got = state[_TAG]
+    if isinstance(got, bool) or got != version:
+        newer = "; a newer stoker wrote it?" if isinstance(got, int) and got > version else ""
+        raise StateError(f"{name} cannot load this state: record version {got!r} is not the one this stoker "
+                         f"reads ({version}{newer})")
     missing = [field for field in fields if field not in state]
     if missing:
         raise StateError(f"{name} cannot load this state: its record lacks {', '.join(map(repr, missing))}")
@@ -138,61 +144,71 @@ def checked_choice(part: str, field: str, value: Any, allowed: tuple[Any, ...]) 
 class Position:
     """Where a reader is: the versioned record of every reader's state."""
 
-    part: str  # "Loader" or "QuasiRandomSampler": their positions count different things
+    part: str  # "Loader" or "QuasiRandomSampler"
     dataset: str  # Manifest.digest() of the data set read
     seed: int
     epoch: int
-    world_size: int
-    rank: int
-    batch_size: int | None  # None for a sampler (the DataLoader makes the batches)
+    world_size: int  # ranks when it was saved
+    rank: int  # the rank that saved it (any rank's serves every rank)
+    batch_size: int  # per rank: the Loader's batch_size, a sampler's batch_size (its chunk; 1 by default)
     order: str  # "quasi_random", "random" or "sequential" (a sampler: shuffle=True or False)
     window: int | None  # blocks open at a time (quasi_random only; else None)
     blocks: str | None  # the block layout, "<count> blocks #<digest>" (quasi_random only; else None)
     drop_last: bool
-    samples_done: int  # samples of this rank's share of ``epoch`` consumed
-    mix: str | None = None  # a stoker.Mix's weights and options (Mix.describe()); None for one data set
+    samples_done: int  # samples of the epoch's global sequence consumed, all ranks together
+    mix: str | None = None  # a mixture's digest (its sources, sizes, weights, options); None for one data set
+    consumed: tuple[int, ...] | None = None  # a mixture's samples consumed per source at samples_done
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain values (for torch.save or JSON)."""
         fields = asdict(self)
-        return record(fields.pop("part"), **fields)
+        fields["consumed"] = list(self.consumed) if self.consumed is not None else None
+        return record(fields.pop("part"), version=POSITION_VERSION, **fields)
 
     @classmethod
     def from_dict(cls, state: Any, part: str) -> Position:
         """Parse a record that reader ``part`` saved; StateError for anything else, for a version 1
-        record (it did not say which order it was saved in), and for a field out of range."""
+        record (it did not say which order it was saved in), a version 2 record of several ranks
+        (it counted one rank's share of another order), and for a field out of range."""
+        name = _PART_NAMES[part]
         if isinstance(state, dict) and _TAG not in state and "batches_done" in state:  # stoker before version 1
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: it was not saved by this version of stoker "
+            raise StateError(f"{name} cannot load this state: it was not saved by this version of stoker "
                              "(no 'stoker_state' record): earlier versions shuffled differently, so it cannot be "
                              "resumed exactly; call set_epoch() with the saved epoch to restart that epoch instead")
         if isinstance(state, dict) and state.get(_TAG) == 1:
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: it is a version 1 record, which did not "
+            raise StateError(f"{name} cannot load this state: it is a version 1 record, which did not "
                              "record the order it was saved in (order or shuffle, window, block layout, drop_last), "
                              "so resuming it in another order could not be refused; call set_epoch("
                              f"{state.get('epoch')!r}) to restart its epoch instead")
-        names = tuple(name for name in cls.__dataclass_fields__ if name not in ("part", "mix"))
-        values = read_state(state, part, names)
-        mix = state.get("mix")  # absent from records written before stoker.Mix
-        if mix is not None and (not isinstance(mix, str) or not mix):
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: mix={mix!r} must be None or a Mix's description")
+        if isinstance(state, dict) and state.get(_TAG) == 2 and state.get(_PART) == part:
+            state = _from_version_2(state, name)
+        names = tuple(field for field in cls.__dataclass_fields__ if field != "part")
+        values = read_state(state, part, names, version=POSITION_VERSION)
         world_size = checked(part, "world_size", values["world_size"], WORLD_SIZE)
         if not isinstance(values["dataset"], str) or not values["dataset"]:
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: dataset={values['dataset']!r} must be "
+            raise StateError(f"{name} cannot load this state: dataset={values['dataset']!r} must be "
                              "the data set's manifest digest (a string)")
         # stoker.data.epoch.ORDERS (the state sits below the data package, which imports it)
         order = checked_choice(part, "order", values["order"], ("quasi_random", "random", "sequential"))
         quasi = order == "quasi_random"
         window, blocks = values["window"], values["blocks"]
         if quasi != (window is not None) or quasi != (blocks is not None):
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: window={window!r} and blocks={blocks!r} "
+            raise StateError(f"{name} cannot load this state: window={window!r} and blocks={blocks!r} "
                              "must be given for order 'quasi_random' only, and are None for another order "
                              f"(order={order!r})")
         if quasi and not isinstance(blocks, str):
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: blocks={blocks!r} must be a string")
-        batch_size = values["batch_size"]
-        if part != "Loader" and batch_size is not None:
-            raise StateError(f"{_PART_NAMES[part]} cannot load this state: batch_size={batch_size!r} must be None "
-                             "(the DataLoader makes the batches)")
+            raise StateError(f"{name} cannot load this state: blocks={blocks!r} must be a string")
+        mix, consumed = values["mix"], values["consumed"]
+        if mix is not None and (not isinstance(mix, str) or not mix):
+            raise StateError(f"{name} cannot load this state: mix={mix!r} must be None or a mixture's digest")
+        if consumed is not None:
+            if not isinstance(consumed, (list, tuple)):
+                raise StateError(f"{name} cannot load this state: consumed={consumed!r} must be None or a "
+                                 "list of per-source counts")
+            consumed = tuple(checked(part, "consumed", count, COUNT) for count in consumed)
+            if mix is None or sum(consumed) != values["samples_done"]:
+                raise StateError(f"{name} cannot load this state: consumed={list(consumed)!r} must count a "
+                                 f"mixture's samples_done={values['samples_done']!r} per source (mix={mix!r})")
         return cls(
             part=part,
             dataset=values["dataset"],
@@ -200,35 +216,92 @@ class Position:
             epoch=checked(part, "epoch", values["epoch"], EPOCH),
             world_size=world_size,
             rank=checked(part, "rank", values["rank"], Range("rank", "", 0, world_size - 1)),
-            batch_size=checked(part, "batch_size", batch_size, BATCH_SIZE) if part == "Loader" else None,
+            batch_size=checked(part, "batch_size", values["batch_size"], BATCH_SIZE),
             order=order,
             window=checked(part, "window", window, WINDOW) if quasi else None,
             blocks=blocks,
             drop_last=checked_choice(part, "drop_last", values["drop_last"], (False, True)),
             samples_done=checked(part, "samples_done", values["samples_done"], COUNT),
             mix=mix,
+            consumed=consumed,
         )
 
-    def check_fits(self, current: Position) -> None:
+    def check_fits(self, current: Position) -> str:
         """Raise StateError if this saved position cannot be resumed by a reader at ``current`` (both
-        values named); warn (StateWarning) when its seed, which the reader takes, is not the reader's."""
+        values named); warn (StateWarning) when its seed, which the reader takes, is not the reader's.
+        Returns how the batches carry over (:func:`resume_mode`)."""
         reader = _PART_NAMES[current.part]
         for name, what, hint in _MUST_MATCH:
             saved, now = getattr(self, name), getattr(current, name)
             if saved != now:
                 raise StateError(f"cannot resume: the state was saved for {what} ({name} {saved!r}, {reader} has "
                                  f"{now!r}){hint}")
+        mode = resume_mode(self.world_size, self.batch_size, current.world_size, current.batch_size, reader)
         if self.seed != current.seed:
             warnings.warn(f"{reader} was built with seed={current.seed} and loads a state saved with seed={self.seed}: "
                           f"it takes seed {self.seed}, so the resumed run goes on with the saved run's order and crops",
                           StateWarning, stacklevel=3)
+        return mode
+
+    def resumed_by(self, current: Position) -> tuple[Position, str]:
+        """Where a reader at ``current`` resumes from this saved position, and how (see
+        :meth:`check_fits`, which refuses what does not fit). A mixture saved with other weights or
+        options (``mix``) starts a new mix instead, with a StateWarning naming both: at the start
+        of the saved epoch when nothing of it was consumed, else at the start of the next (the rest
+        of the saved epoch, drawn with the old weights, is not read)."""
+        if self.mix is None or current.mix is None or self.mix == current.mix:
+            return self, self.check_fits(current)
+        epoch = self.epoch + (self.samples_done > 0)
+        fresh = replace(self, epoch=epoch, world_size=current.world_size, rank=current.rank,
+                        batch_size=current.batch_size, samples_done=0, mix=current.mix, consumed=None)
+        fresh.check_fits(current)
+        skipped = f" (the rest of epoch {self.epoch} is not read)" if epoch != self.epoch else ""
+        warnings.warn(f"the state was saved for a mix of {self.mix}; {_PART_NAMES[current.part]} has {current.mix}: "
+                      f"a new mix starts at epoch {epoch}{skipped}", StateWarning, stacklevel=3)
+        return fresh, "new mix"
+
+
+def resume_mode(saved_world: int, saved_batch: int, world: int, batch: int, reader: str = "the reader") -> str:
+    """How a position saved on ``saved_world`` ranks of ``saved_batch`` samples each resumes on
+    ``world`` ranks of ``batch``: ``"same global batch"`` (``batch * world`` is the saved global
+    batch; each rank's batch changes), else ``"same per-rank batch"`` (the global batch changes).
+    Either way the rest of the epoch is dealt from the saved point on, exactly. Neither: StateError
+    saying what would work."""
+    saved_global = saved_world * saved_batch
+    if batch * world == saved_global:
+        return "same global batch"
+    if batch == saved_batch:
+        return "same per-rank batch"
+    if saved_global % world == 0:
+        keep_global = f"batch_size={saved_global // world} on {world} ranks"
+    else:
+        fits = [n for n in range(1, min(saved_global, 4096) + 1) if saved_global % n == 0]
+        keep_global = (f"not on {world} ranks: {saved_global} does not divide by {world} (it does on "
+                       f"{', '.join(map(str, fits[:12]))}{', ...' if len(fits) > 12 else ''} ranks)")
+    raise StateError(f"cannot resume: the state was saved on {saved_world} rank{'s' * (saved_world > 1)} with "
+                     f"batch_size={saved_batch} (global batch {saved_global}) and {reader} has {world} "
+                     f"rank{'s' * (world > 1)} with batch_size={batch} (global batch {batch * world}): resume with "
+                     f"the same global batch ({keep_global}) or the same per-rank batch (batch_size={saved_batch})")
+
+
+def _from_version_2(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """A version 2 position as version 3, where that is exact: saved on one rank, its count of that
+    rank's share is the count of the epoch's sequence (the same order). A sampler's batch_size was
+    None (it is 1, sample by sample, now)."""
+    if state.get("world_size") != 1:
+        raise StateError(f"{name} cannot load this state: it is a version 2 record saved on "
+                         f"{state.get('world_size')!r} ranks, which counted one rank's share of an order cut by "
+                         f"world size (stoker now deals one global order to the ranks); call set_epoch("
+                         f"{state.get('epoch')!r}) to restart its epoch instead")
+    batch_size = 1 if state.get(_PART) == "QuasiRandomSampler" and state.get("batch_size") is None \
+        else state.get("batch_size")
+    return {**state, _TAG: POSITION_VERSION, "batch_size": batch_size, "mix": None, "consumed": None}
 
 
 # What a position must share with the reader that loads it: field, what differs, how to match it.
+# (World size and batch size may differ: see resume_mode.)
 _MUST_MATCH = (
     ("dataset", "another data set", ""),
-    ("world_size", "another world size", ""),
-    ("batch_size", "another batch size", ""),
     ("order", "another order", ": build it with the same order= (a QuasiRandomSampler: shuffle=True is "
      "'quasi_random', shuffle=False 'sequential')"),
     ("window", "another window", ": build it with the same window= (a node cache's cache_limit can lower it)"),

@@ -13,9 +13,10 @@ import torch
 from torch.utils.data import DataLoader
 
 import stoker
-from stoker.data.mix_plan import MixSpec, allocate, exact_weights, interleave, plan_counts, stream
+from stoker.data.epoch import rank_batches
+from stoker.data.mix_plan import MixSpec, allocate, exact_weights, interleave, stream
 from stoker.loader.crops import CropSpec
-from stoker.state import StateWarning
+from stoker.state import StateError, StateWarning
 
 from .conftest import SMALL_SHARD
 
@@ -26,6 +27,20 @@ def _random_weights(rng: np.random.Generator, sources: int) -> list[float]:
     return [float(w) for w in rng.uniform(0.01, 1.0, sources)]
 
 
+def _chunks(length: int, world_size: int, batch_size: int, drop_last: bool = False) -> np.ndarray:
+    """The chunks (ranks' batches, in the order dealt) of a whole epoch of ``length`` samples."""
+    return rank_batches(length, start=0, world_size=world_size, rank=0, batch_size=batch_size,
+                        drop_last=drop_last).chunks()
+
+
+def _sequence(mix: stoker.Mix, seed: int, batch_size: int, window: int, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """A whole epoch 0 of ``mix`` in quasi-random order, read in batches of ``batch_size`` on
+    ``world_size`` ranks, and its per-chunk counts."""
+    order = mix.epoch_order("quasi_random", window)
+    chunks = _chunks(len(order), world_size, batch_size)
+    return order.sequence(seed, 0, 0, chunks, None), order.counts(0, chunks, None)
+
+
 @pytest.mark.parametrize("case", range(60))
 def test_every_chunk_is_within_one_sample_of_its_weighted_share(case):
     rng = np.random.default_rng(case)
@@ -33,12 +48,13 @@ def test_every_chunk_is_within_one_sample_of_its_weighted_share(case):
     weights = _random_weights(rng, sources)
     exact = exact_weights(weights)
     before, batch = (int(b) for b in rng.integers(1, 40, 2))  # a batch size change at a resume
-    earlier = allocate(exact, before, int(rng.integers(0, 30)), (0,) * sources)
-    counts = allocate(exact, batch, 150, tuple(int(c) for c in earlier.sum(axis=0)))
+    earlier = allocate(exact, [before] * int(rng.integers(0, 30)), (0,) * sources)
+    chunks = np.concatenate([np.full(150, batch), rng.integers(1, batch + 1, 4)])  # and a short last global batch
+    counts = allocate(exact, chunks, tuple(int(c) for c in earlier.sum(axis=0)))
     shares = [Fraction(w) / sum(map(Fraction, weights)) for w in weights]
-    assert (counts.sum(axis=1) == batch).all()
+    assert (counts.sum(axis=1) == chunks).all()
     for i, share in enumerate(shares):
-        assert all(abs(int(c) - share * batch) < 1 for c in counts[:, i]), (weights, batch, i)
+        assert all(abs(int(c) - share * int(b)) < 1 for c, b in zip(counts[:, i], chunks)), (weights, batch, i)
     # and so far: after every chunk, each source within one sample of its share of all samples
     for done in np.cumsum(np.concatenate([earlier, counts]), axis=0):
         assert all(abs(int(done[i]) - share * int(done.sum())) < 1 for i, share in enumerate(shares))
@@ -46,9 +62,9 @@ def test_every_chunk_is_within_one_sample_of_its_weighted_share(case):
 
 def test_allocation_resumed_from_counts_continues_the_same_chunks():
     weights = exact_weights([0.5, 0.3, 0.2])
-    whole = allocate(weights, 7, 30, (0, 0, 0))
-    first = allocate(weights, 7, 11, (0, 0, 0))
-    rest = allocate(weights, 7, 19, tuple(int(c) for c in first.sum(axis=0)))
+    whole = allocate(weights, [7] * 30, (0, 0, 0))
+    first = allocate(weights, [7] * 11, (0, 0, 0))
+    rest = allocate(weights, [7] * 19, tuple(int(c) for c in first.sum(axis=0)))
     assert np.array_equal(np.concatenate([first, rest]), whole)
 
 
@@ -63,13 +79,22 @@ def test_interleave_spreads_each_source_through_its_chunk():
     assert got.tolist() == [0, 1, 100, 2, 3, 101, 4, 102]
 
 
-def test_repeat_fills_the_epoch_and_end_stops_before_a_source_runs_out():
+def test_repeat_keeps_the_stated_epoch_and_end_stops_before_a_source_runs_out():
     weights = exact_weights([0.5, 0.5])
-    repeat = plan_counts(MixSpec((100, 10), weights, 110, "repeat"), 4, 1, False, (0, 0))
-    assert repeat.sum() == 112 and repeat.sum(axis=0).tolist() == [56, 56]  # the small source repeats
-    end = plan_counts(MixSpec((100, 10), weights, 110, "end"), 4, 1, False, (0, 0))
-    assert end.sum(axis=0).tolist() == [10, 10]  # five chunks, then the small source is out
-    assert len(plan_counts(MixSpec((100, 10), weights, 110, "end"), 4, 2, False, (0, 0))) == 4  # whole rounds
+    assert MixSpec((100, 10), weights, 110, "repeat").length() == 110  # the small source repeats
+    assert MixSpec((100, 10), weights, 110, "end").length() == 19  # 1/2 of 20 would reach the small source's 10
+    assert MixSpec((100, 10), weights, 15, "end").length() == 15  # epoch_size, when it ends first
+    assert MixSpec((7, 30), exact_weights([1, 2]), 100, "end").length() == 20  # 1/3 of 21 is 7
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # whatever the batches, no source gives more than its one pass
+        sizes = tuple(int(n) for n in rng.integers(1, 60, int(rng.integers(2, 5))))
+        spec = MixSpec(sizes, exact_weights(_random_weights(rng, len(sizes))), 10_000, "end")
+        chunks = np.concatenate([_chunks(int(rng.integers(0, spec.length() + 1)), 1, int(rng.integers(1, 9))),
+                                 [0]])
+        done = allocate(spec.weights, chunks, (0,) * len(sizes)).sum(axis=0)
+        rest = allocate(spec.weights, _chunks(spec.length() - int(done.sum()), int(rng.integers(1, 5)),
+                                              int(rng.integers(1, 9))), tuple(int(n) for n in done))
+        assert ((done + rest.sum(axis=0)) <= np.array(sizes)).all()
 
 
 # -- over real packed data sets ---------------------------------------------------------------------------------
@@ -128,7 +153,7 @@ def _reference(mix: stoker.Mix) -> dict[int, torch.Tensor]:
 def test_loader_batches_are_stratified_and_hold_the_planned_samples(halves, processes):
     mix = _mix(halves)
     loader = stoker.Loader(mix, 10, crop=CENTER, threads=2, processes=processes, seed=3)
-    sequence, counts = mix.sequence(seed=3, epoch=0, batch_size=10, order="quasi_random", window=loader.window)
+    sequence, counts = _sequence(mix, 3, 10, loader.window)
     reference = _reference(mix)
     batches = list(loader)
     assert len(batches) == len(loader) == len(counts)
@@ -143,9 +168,9 @@ def test_loader_batches_are_stratified_and_hold_the_planned_samples(halves, proc
 
 def test_each_source_keeps_its_own_block_order(halves):
     mix = _mix(halves)
-    sequence, _ = mix.sequence(seed=0, epoch=0, batch_size=10, order="quasi_random", window=2)
+    sequence, _ = _sequence(mix, 0, 10, 2)
     web = sequence[mix.source_of(sequence) == 0]
-    first_pass = mix.pass_order(0, "quasi_random", 2, 0, 0, 0)
+    first_pass = mix.epoch_order("quasi_random", 2).pass_order(0, 0, 0, 0)
     assert np.array_equal(web[: len(first_pass)], first_pass)
 
 
@@ -154,7 +179,7 @@ def test_sampler_and_dataloader_give_stratified_batches(halves, context):
     mix = _mix(halves, {"web": 1, "books": 3})
     sampler = stoker.QuasiRandomSampler(mix, batch_size=7, seed=5)
     loader = DataLoader(mix, batch_size=7, sampler=sampler, num_workers=2, multiprocessing_context=context)
-    sequence, counts = mix.sequence(seed=5, epoch=0, batch_size=7, order="quasi_random", window=16)
+    sequence, counts = _sequence(mix, 5, 7, 16)
     labels = [batch_labels for _, batch_labels in loader]
     assert torch.cat(labels).tolist() == mix.targets[sequence].tolist()
     for batch_labels in labels:
@@ -171,11 +196,12 @@ def test_exhausted_end_reads_each_source_at_most_once(halves):
     mix = _mix(halves, {"web": 0.5, "books": 0.5}, epoch_size=1000, exhausted="end")
     counts = mix.epoch_counts(6)
     assert all(counts[name] <= len(source) for name, source in zip(mix.names, mix.sources))
-    sequence, _ = mix.sequence(seed=0, epoch=0, batch_size=6, order="quasi_random", window=16)
-    assert len(np.unique(sequence)) == len(sequence)
+    sequence, _ = _sequence(mix, 0, 6, 16)
+    assert len(np.unique(sequence)) == len(sequence) == sum(counts.values())
+    assert len(sequence) == 2 * min(len(source) for source in mix.sources) - 1
     repeat = _mix(halves, {"web": 0.5, "books": 0.5}, epoch_size=1000)
-    sequence, _ = repeat.sequence(seed=0, epoch=0, batch_size=6, order="quasi_random", window=16)
-    assert len(sequence) == 1002 and np.bincount(repeat.source_of(sequence)).tolist() == [501, 501]
+    sequence, _ = _sequence(repeat, 0, 6, 16)
+    assert len(sequence) == 1000 and np.bincount(repeat.source_of(sequence)).tolist() == [500, 500]
 
 
 def test_resume_mid_epoch_continues_exactly(halves):
@@ -200,7 +226,9 @@ def test_changed_weights_start_a_new_mix_and_say_so(halves):
     next(iter(first))
     state = first.state_dict()
     changed = stoker.Loader(_mix(halves, {"web": 0.5, "books": 0.5}), 10, crop=CENTER, threads=1)
-    with pytest.warns(StateWarning, match=r"web=0\.7 books=0\.3.*this Mix has weights web=0\.5 books=0\.5.*epoch 1"):
+    with pytest.warns(StateWarning, match=r"saved for a mix of weights web=0\.7 books=0\.3.*a stoker\.Loader has "
+                                          r"weights web=0\.5 books=0\.5.*a new mix starts at epoch 1 \(the rest of "
+                                          r"epoch 0 is not read\)"):
         changed.load_state_dict(state)
     assert changed.epoch == 1 and changed.state_dict()["samples_done"] == 0
     with warnings.catch_warnings():
@@ -213,3 +241,17 @@ def test_loader_for_takes_a_mix(halves):
     images, labels = next(iter(loader))
     assert images.shape == (10, 3, 32, 32)
     _stratified(loader.dataset, labels)
+
+
+def test_decode_on_the_gpu_refuses_a_mix(halves):
+    with pytest.raises(ValueError, match=r"decode='gpu' reads one ShardDataset: a stoker\.Mix is decoded on the CPU"):
+        stoker.Loader(_mix(halves), 10, crop=CENTER, decode="gpu")
+
+
+def test_a_state_whose_source_counts_do_not_add_up_is_refused(halves):
+    loader = stoker.Loader(_mix(halves), 10, crop=CENTER, threads=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert sum(state["consumed"]) == state["samples_done"] == 10
+    with pytest.raises(StateError, match=r"consumed=\[6, 5\] must count a mixture's samples_done=10"):
+        loader.load_state_dict({**state, "consumed": [6, 5]})

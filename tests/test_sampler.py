@@ -12,7 +12,7 @@ import pytest
 import torch.utils.data
 
 import stoker
-from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_share
+from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_positions
 from stoker.data.readahead import BlockReadahead
 from stoker.storage import evict, willneed
 from stoker.storage.pagecache import _readahead_cap
@@ -72,18 +72,20 @@ def test_orders_depend_on_seed_and_epoch_only():
     assert not np.array_equal(a, quasi_random_order(bounds, 4, seed=6, epoch=2))
 
 
-@pytest.mark.parametrize("n, world", [(100, 1), (100, 3), (101, 4), (7, 8)])
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_rank_shares_are_disjoint_equal_and_complete(n, world, drop_last):
-    order = np.random.default_rng(0).permutation(n)
-    shares = [rank_share(order, r, world, drop_last) for r in range(world)]
-    assert len({len(s) for s in shares}) == 1
-    joined = np.concatenate(shares)
-    if drop_last:
-        assert len(set(joined.tolist())) == len(joined) == n // world * world
-    else:
-        assert len(joined) == -(-n // world) * world
-        assert sorted(joined[:n].tolist()) == list(range(n))  # the rest repeats the start as padding
+@pytest.mark.parametrize("n, world, batch", [(100, 1, 1), (100, 3, 1), (101, 4, 1), (7, 8, 1), (100, 3, 4),
+                                             (101, 4, 8), (7, 2, 16), (96, 3, 8)])
+def test_rank_positions_deal_every_position_once_in_contiguous_global_batches(n, world, batch):
+    parts = [rank_positions(n, world, r, batch) for r in range(world)]
+    joined = np.concatenate(parts)
+    assert sorted(joined.tolist()) == list(range(n))  # nothing repeated, nothing left out
+    assert max(map(len, parts)) - min(map(len, parts)) <= batch  # at most one step apart
+    steps = [np.array_split(part, range(batch, len(part), batch)) if len(part) else [] for part in parts]
+    for step in range(max(map(len, steps))):
+        chunks = [s[step] for s in steps if step < len(s)]
+        sizes = [len(c) for c in chunks]
+        assert max(sizes) - min(sizes) <= 1  # the short last global batch: near-even
+        together = np.concatenate(chunks)  # ranks in order: one contiguous slice of the sequence
+        assert np.array_equal(together, np.arange(together[0], together[0] + len(together)))
 
 
 def test_sampler_on_a_real_data_set(packed):
@@ -182,5 +184,5 @@ def test_sampler_resumes_twice_in_an_epoch_through_dataloader_workers(packed):
     again.set_epoch(1)
     assert len(list(again)) == len(whole)
     assert again.state_dict(samples_done=len(whole) + 5)["samples_done"] == len(whole)  # a last, partial batch
-    with pytest.raises(ValueError, match="outside this rank's share"):
+    with pytest.raises(ValueError, match="samples_done=97 is outside the epoch of 96 samples"):
         again.load_state_dict({**state, "samples_done": len(whole) + 1})

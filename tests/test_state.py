@@ -148,26 +148,30 @@ def test_a_killed_consumer_resumes_to_the_uninterrupted_batches(packed, tmp_path
         assert resumed == reference
 
 
-def test_a_state_for_other_data_world_size_or_batch_size_is_refused(packed, photos, tmp_path):
+def test_a_state_for_other_data_or_a_batch_size_that_keeps_no_batch_is_refused(packed, photos, tmp_path):
     other = tmp_path / "other"
     stoker.pack(photos, other, shard_bytes=300_000, progress=False)
     dataset = stoker.ShardDataset(packed)
-    state = stoker.Loader(dataset, BATCH, crop=CROP).state_dict()
-    cases = {"another data set": stoker.Loader(stoker.ShardDataset(other), BATCH, crop=CROP),
-             "another world size": stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2),
-             "another batch size": stoker.Loader(dataset, BATCH * 2, crop=CROP),
+    state = stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2).state_dict()
+    cases = {"another data set": stoker.Loader(stoker.ShardDataset(other), BATCH, crop=CROP, rank=0, world_size=2),
+             # neither the global batch (16) nor the per-rank batch (8): what would work is said
+             r"same global batch \(batch_size=16 on 1 ranks\) or the same per-rank batch \(batch_size=8\)":
+                 stoker.Loader(dataset, BATCH * 3, crop=CROP),
+             r"16 does not divide by 3 \(it does on 1, 2, 4, 8, 16 ranks\)":
+                 stoker.Loader(dataset, 5, crop=CROP, rank=0, world_size=3),
              "written by a stoker.Loader": stoker.QuasiRandomSampler(dataset)}
     for what, reader in cases.items():
         with pytest.raises(StateError, match=what):
             reader.load_state_dict(state)
-    sampler_state = stoker.QuasiRandomSampler(dataset).state_dict(16)
-    with pytest.raises(StateError, match="another world size"):
-        stoker.QuasiRandomSampler(dataset, num_replicas=2, rank=1).load_state_dict(sampler_state)
+    # both ways that keep a batch are taken: the same global batch, the same per-rank batch
+    stoker.Loader(dataset, BATCH * 2, crop=CROP).load_state_dict(state)
+    stoker.Loader(dataset, BATCH, crop=CROP, rank=2, world_size=3).load_state_dict(state)
+    sampler_state = stoker.QuasiRandomSampler(dataset, batch_size=4).state_dict(16)
+    with pytest.raises(StateError, match=r"global batch 4\) and a stoker.QuasiRandomSampler has 3 ranks"):
+        stoker.QuasiRandomSampler(dataset, num_replicas=3, rank=1, batch_size=2).load_state_dict(sampler_state)
+    stoker.QuasiRandomSampler(dataset, num_replicas=2, rank=1, batch_size=2).load_state_dict(sampler_state)
     with pytest.raises(StateError, match="earlier versions shuffled differently"):
         stoker.Loader(dataset, BATCH, crop=CROP).load_state_dict({"epoch": 0, "batches_done": 2, "seed": 0})
-    # Another rank of the same world size: ranks step together, so rank 0's state serves rank 1.
-    rank1 = stoker.Loader(dataset, BATCH, crop=CROP, rank=1, world_size=2)
-    rank1.load_state_dict(stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2).state_dict())
 
 
 def block_pages(dataset: stoker.ShardDataset, bounds: np.ndarray, blocks: set[int]) -> dict[int, list[tuple[int, int]]]:
@@ -202,15 +206,17 @@ def test_a_resume_reads_only_the_rest_of_the_epoch(packed, tmp_path):
     dataset = stoker.ShardDataset(data, block_bytes=128 << 10)
     files = [data / entry.name for entry in dataset.shards.manifest.shards]
     first = stoker.Loader(dataset, BATCH, crop=CROP, window=2, threads=2)
+    per_epoch = len(first)
     for n, _ in enumerate(first, 1):
-        if n == len(first) // 2:
+        if n == per_epoch // 2:
             break
     state = first.state_dict()
+    assert len(first) == per_epoch - per_epoch // 2  # the pass left early: its len is the rest's
     if not evict_settled(files):
         pytest.skip("this file system keeps pages that posix_fadvise(DONTNEED) should drop (tmpfs?)")
     resumed = stoker.Loader(dataset, BATCH, crop=CROP, window=2, threads=2)
     resumed.load_state_dict(state)
-    assert sum(1 for _ in resumed) == len(first) - len(first) // 2
+    assert sum(1 for _ in resumed) == per_epoch - per_epoch // 2
     bounds = block_bounds_of(dataset.shards)
     order = first.indices(0)
     block_of = np.searchsorted(bounds, order, side="right") - 1

@@ -1,11 +1,25 @@
-"""The epoch plan: which samples one rank reads in one epoch, in what order, from where a pass starts.
+"""The epoch plan: the epoch's global sequence of samples, and which of them one rank reads in a pass.
 
-    (block bounds, order kind, window, seed, epoch, rank, world size, drop_last)  ──>  share
-    share[start:]  ──>  what the pass reads, and what is read or staged ahead (never before ``start``)
+    (order, seed, epoch)  ──>  the epoch's global sequence, the same for any number of ranks
+    sequence[start:]  ──dealt in chunks of batch_size──>  rank k % world_size gets chunk k as its
+                                                          batch k // world_size
+    a rank's chunks  ──>  what its pass reads, and what is read or staged ahead (never before ``start``)
 
-stoker.Loader and QuasiRandomSampler both read their epochs from here, so they agree on order,
-rank shares, padding, blocks and resume points. Everything but :func:`resolve_rank` is a pure
-function of its arguments.
+``start`` is the number of samples of the epoch consumed across all ranks (a resume point: rank
+0's state says it, since ranks step together). Every global batch is a contiguous slice of the
+sequence, so after any number of steps the samples consumed are a prefix of it, whatever the
+world size was at each step: a pass may resume on another number of ranks, or with another batch
+size, and the epoch still delivers each of its samples exactly once. The last global batch, when
+shorter than ``world_size * batch_size``, is split near-evenly over the ranks (sizes differ by at
+most one; with fewer samples left than ranks, the last ranks end the epoch one step early); with
+``drop_last`` it is dropped, so every rank makes the same number of steps.
+
+stoker.Loader and QuasiRandomSampler both read their epochs from here. An :class:`EpochOrder` is
+what decides the sequence: :class:`BlockOrder` over one data set's blocks (the same whatever the
+chunks); a mixture of data sets (:class:`stoker.data.mix_plan.MixOrder`) stratifies each chunk,
+including the short ones at the epoch's end, so its sequence from ``start`` also depends on the
+chunks the rest is dealt in and on each source's samples consumed before ``start`` (a resume
+state records them). Everything but :func:`resolve_rank` is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -13,64 +27,170 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch.distributed as dist
 
-from stoker.data.order import quasi_random_order, rank_share
+from stoker.data.order import quasi_random_order, rank_positions
 
 Order = Literal["quasi_random", "random", "sequential"]
 ORDERS = ("quasi_random", "random", "sequential")
 
 
-@dataclass(frozen=True)
-class EpochPlan:
-    """One rank's pass over one epoch: the whole share of the epoch in order, and where the pass starts."""
+@runtime_checkable
+class EpochOrder(Protocol):
+    """What decides the global sequence of each epoch (a pure function of its arguments): the same
+    for any number of ranks, so that a resume on another world size continues it exactly."""
 
-    epoch: int
-    share: np.ndarray  # this rank's sample indices for the epoch, in order (padded to the ranks' common length)
-    start: int  # samples of the share already consumed: 0, or a resume point
+    def __len__(self) -> int:
+        """Samples per epoch (the length of the whole sequence)."""
 
-    @property
-    def rest(self) -> np.ndarray:
-        """What the pass reads: the share from ``start`` on."""
-        return self.share[self.start :]
+    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
+                 consumed: tuple[int, ...] | None) -> np.ndarray:
+        """The sample indices of ``epoch`` at positions ``start``, ``start + 1``, ... (int64), as many
+        as ``chunks`` holds: the sizes of the consecutive chunks (ranks' batches) the rest will be read
+        in (see :meth:`RankBatches.chunks`), for orders whose every chunk must hold something (a
+        stratified mixture); an order may ignore them. ``consumed``: a mixture's samples of each
+        source before ``start`` (None at 0, and for one data set). For the chunks of a whole pass,
+        ``sequence(s, e, 0, chunks, None)[start:]`` equals ``sequence(s, e, start, chunks[k:], c)``
+        where ``start`` is the end of ``chunks[:k]`` and ``c`` the counts of its samples."""
+
+    def tally(self, indices: np.ndarray, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> np.ndarray | None:
+        """For a mixture: each source's samples consumed at the start (``consumed``) and at the end
+        of each chunk of ``indices`` (a :meth:`sequence`; int64, chunks + 1 rows); None for one data set."""
 
 
-def plan_epoch(bounds: np.ndarray, *, order: Order, window: int, seed: int, epoch: int, rank: int, world_size: int,
-               drop_last: bool, start: int = 0) -> EpochPlan:
-    """The plan of ``epoch`` for rank ``rank`` of ``world_size``, resuming after ``start`` samples.
-
-    ``bounds``: block boundaries (see :func:`stoker.data.order.block_bounds`). ``quasi_random``
-    shuffles blocks and reads ``window`` at a time (see :func:`quasi_random_order`); ``random`` is
-    a full permutation; ``sequential`` is the stored order. Every rank gets an equal share, padded by
-    repeating the start of the order unless ``drop_last``.
-    """
+def epoch_sequence(bounds: np.ndarray, order: Order, window: int, seed: int, epoch: int) -> np.ndarray:
+    """The global order of ``epoch`` over the samples of blocks ``bounds`` (see
+    :func:`stoker.data.order.block_bounds`): ``quasi_random`` shuffles blocks and reads ``window``
+    at a time (see :func:`stoker.data.order.quasi_random_order`), ``random`` is a full
+    permutation, ``sequential`` the stored order."""
     n = int(bounds[-1])
     if order == "quasi_random":
-        share = quasi_random_order(bounds, window, seed, epoch, rank=rank, world_size=world_size, drop_last=drop_last)
-    else:
-        every = np.random.default_rng([seed, epoch]).permutation(n) if order == "random" else np.arange(n, dtype=np.int64)
-        share = rank_share(every, rank, world_size, drop_last)
-    if not 0 <= start <= len(share):
-        raise ValueError(f"start {start} is outside this rank's share of {len(share)} samples")
-    return EpochPlan(epoch, share, start)
+        return quasi_random_order(bounds, window, seed, epoch)
+    if order == "random":
+        return np.random.default_rng([seed, epoch]).permutation(n)
+    return np.arange(n, dtype=np.int64)
 
 
-def order_settings(bounds: np.ndarray, order: Order, window: int) -> tuple[int | None, str | None]:
-    """What besides seed, epoch, ranks and ``drop_last`` decides an ``order``'s epochs, as a resume
-    state records it: for ``quasi_random``, ``window`` and the block layout (``"<count> blocks
-    #<digest of bounds>"``); for the other orders nothing (None, None)."""
-    if order != "quasi_random":
-        return None, None
-    digest = hashlib.blake2b(np.asarray(bounds, dtype="<i8").tobytes(), digest_size=8).hexdigest()
-    return window, f"{len(bounds) - 1} blocks #{digest}"
+@dataclass(frozen=True, eq=False)
+class BlockOrder:
+    """The :class:`EpochOrder` of one data set: :func:`epoch_sequence` over its blocks."""
+
+    bounds: np.ndarray
+    order: Order
+    window: int
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
+                 consumed: tuple[int, ...] | None) -> np.ndarray:
+        """See :meth:`EpochOrder.sequence` (chunks do not change a data set's order)."""
+        return epoch_sequence(self.bounds, self.order, self.window, seed, epoch)[start : start + int(chunks.sum())]
+
+    def tally(self, indices: np.ndarray, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> None:
+        """One data set: no sources to count."""
+        return None
+
+    def settings(self) -> tuple[int | None, str | None]:
+        """What besides seed and epoch decides the sequence, as a resume state records it: for
+        ``quasi_random``, ``window`` and the block layout (``"<count> blocks #<digest of bounds>"``);
+        for the other orders nothing (None, None)."""
+        if self.order != "quasi_random":
+            return None, None
+        digest = hashlib.blake2b(np.asarray(self.bounds, dtype="<i8").tobytes(), digest_size=8).hexdigest()
+        return self.window, f"{len(self.bounds) - 1} blocks #{digest}"
 
 
-def share_length(num_samples: int, world_size: int, drop_last: bool) -> int:
-    """Samples per rank per epoch (see :func:`stoker.data.order.rank_share`)."""
-    return num_samples // world_size if drop_last else -(-num_samples // world_size)
+@dataclass(frozen=True)
+class RankBatches:
+    """How one pass deals the global sequence from position ``origin`` to ``end`` to the ranks:
+    chunks of ``batch_size`` in turn (see :func:`stoker.data.order.rank_positions`). Positions are
+    global (in the epoch's sequence). Small and picklable: batch makers key their random draws by
+    :meth:`first`."""
+
+    origin: int  # samples of the epoch consumed before the pass (all ranks)
+    end: int  # where the pass ends: the epoch's length, or with drop_last the last whole global batch
+    world_size: int
+    rank: int
+    batch_size: int  # per rank
+
+    def __len__(self) -> int:
+        """This rank's batches in the pass (ranks differ by at most one, at the end of the epoch)."""
+        full, left = divmod(self.end - self.origin, self.world_size * self.batch_size)
+        in_last = left // self.world_size + (self.rank < left % self.world_size)  # this rank's part of a short last one
+        return full + (in_last > 0)
+
+    def positions(self) -> np.ndarray:
+        """This rank's global positions in the pass, batch after batch."""
+        return self.origin + rank_positions(self.end - self.origin, self.world_size, self.rank, self.batch_size)
+
+    def first(self, number: int) -> int:
+        """The global position of batch ``number``'s first sample: unique within an epoch, the
+        same on every resume of the same history, so random draws keyed by it are reproducible."""
+        per_global = self.world_size * self.batch_size
+        full, left = divmod(self.end - self.origin, per_global)
+        if number < full:
+            return self.origin + number * per_global + self.rank * self.batch_size
+        base, extra = divmod(left, self.world_size)
+        return self.origin + full * per_global + self.rank * base + min(self.rank, extra)
+
+    def chunks(self) -> np.ndarray:
+        """The sizes of the pass's chunks in the order they are dealt (chunk k: rank k % world_size's
+        batch k // world_size): whole ones of ``batch_size``, then a short last global batch's
+        near-even parts (a rank with none has no chunk)."""
+        per_global = self.world_size * self.batch_size
+        full, left = divmod(self.end - self.origin, per_global)
+        base, extra = divmod(left, self.world_size)
+        last = base + (np.arange(self.world_size) < extra)
+        return np.concatenate([np.full(full * self.world_size, self.batch_size), last[last > 0]]).astype(np.int64)
+
+    def samples_done(self, batches: int) -> int:
+        """Samples of the epoch consumed (all ranks) once rank 0 has made ``batches`` batches of the
+        pass (every rank steps with it; rank 0 has the most batches)."""
+        return min(self.origin + batches * self.world_size * self.batch_size, self.end)
+
+
+def rank_batches(length: int, *, start: int, world_size: int, rank: int, batch_size: int,
+                 drop_last: bool) -> RankBatches:
+    """The :class:`RankBatches` of a pass over an epoch of ``length`` samples from ``start`` on;
+    ``drop_last`` ends it at the last whole global batch."""
+    if not 0 <= start <= length:
+        raise ValueError(f"start {start} is outside the epoch of {length} samples")
+    per_global = world_size * batch_size
+    end = start + (length - start) // per_global * per_global if drop_last else length
+    return RankBatches(start, end, world_size, rank, batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One rank's pass over one epoch: its samples in order, and where they lie in the epoch."""
+
+    epoch: int
+    share: np.ndarray  # this rank's sample indices for the pass, batch after batch (batch b: share[b*B:(b+1)*B])
+    batches: RankBatches
+    tally: np.ndarray | None = None  # a mixture's samples of each source consumed at each chunk's end (row 0: the start)
+
+    def consumed(self, batches: int) -> tuple[int, ...] | None:
+        """A mixture's samples of each source consumed (all ranks) once rank 0 has made ``batches``
+        batches of the pass, at :meth:`RankBatches.samples_done`; None for one data set."""
+        if self.tally is None:
+            return None
+        return tuple(int(n) for n in self.tally[min(batches * self.batches.world_size, len(self.tally) - 1)])
+
+
+def plan_epoch(order: EpochOrder, *, seed: int, epoch: int, start: int, world_size: int, rank: int,
+               batch_size: int, drop_last: bool, consumed: tuple[int, ...] | None = None) -> EpochPlan:
+    """The pass of rank ``rank`` of ``world_size`` over ``epoch`` from global position ``start`` (the
+    samples of the epoch consumed across all ranks; for a mixture, ``consumed`` of each source),
+    ``batch_size`` samples per rank and batch."""
+    batches = rank_batches(len(order), start=start, world_size=world_size, rank=rank, batch_size=batch_size,
+                           drop_last=drop_last)
+    chunks = batches.chunks()
+    rest = order.sequence(seed, epoch, start, chunks, consumed)
+    return EpochPlan(epoch, rest[batches.positions() - start], batches, order.tally(rest, chunks, consumed))
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

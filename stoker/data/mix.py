@@ -2,8 +2,8 @@
 
     Mix({"web": a, "books": b}, weights={"web": 0.7, "books": 0.3})
       index space: a's samples, then b's (offsets); labels: a's, then b's shifted past a's classes
-      an epoch: chunks of the batch size, each stratified (mix_plan.py), each source read in its own
-      I/O-friendly order (epoch.py's plan of that source, one shuffle per pass)
+      an epoch: MixOrder (mix_plan.py), an EpochOrder: each rank's batch stratified, each source read in
+      its own I/O-friendly order (epoch.py's sequence of that source, one shuffle per pass)
 
 stoker.Loader and QuasiRandomSampler read a Mix as they read a ShardDataset; the Loader's native
 decode path reads it too (:meth:`Mix.image_reads` gives every source's samples as arrays).
@@ -11,11 +11,8 @@ decode path reads it too (:meth:`Mix.image_reads` gives every source's samples a
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import hashlib
 import math
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -25,12 +22,11 @@ import torch
 import torch.utils.data
 
 from stoker.data.dataset import ImageReads, ShardDataset
-from stoker.data.epoch import EpochPlan, Order, order_settings, plan_epoch
-from stoker.data.mix_plan import EXHAUSTED, Exhausted, MixSpec, exact_weights, interleave, plan_counts, rank_batches, stream
+from stoker.data.epoch import Order, rank_batches
+from stoker.data.mix_plan import EXHAUSTED, Exhausted, MixOrder, MixSpec, exact_weights
 from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.data.readers import ReadBuffer
 from stoker.errors import CorruptDataError, StokerError
-from stoker.state import Position, StateError, StateWarning
 
 
 class Mix(torch.utils.data.Dataset):
@@ -39,12 +35,18 @@ class Mix(torch.utils.data.Dataset):
 
     ``weights``: each source's share of every batch (any positive numbers; normalized; default:
     proportional to the sources' sizes). Every batch is stratified: its count of source i differs
-    from w_i x batch size by less than one sample. ``epoch_size``: samples per epoch (default: the
-    sources' sizes summed), rounded to whole rounds of batches, one per rank (see
-    :func:`stoker.data.mix_plan.epoch_chunks`). ``exhausted``: what a source that runs out does
-    within an epoch: ``"repeat"`` (default) goes on with its next pass, shuffled anew; ``"end"``
-    ends the epoch before the first batch it could not fill. Each source keeps its own I/O-friendly
-    order (its blocks shuffled, read whole), and each epoch starts every source on a new shuffle.
+    from w_i x its size by less than one sample; that holds for each rank's batch, the shorter
+    ones at the end of an epoch included. ``epoch_size``: samples per epoch (default: the sources'
+    sizes summed), kept as stated whatever the batch size and world size (the last global batch
+    may be short and is split over the ranks, as for one data set; ``drop_last`` drops it).
+    ``exhausted``: what a source that runs out within an epoch does: ``"repeat"`` (default) goes
+    on with its next pass, shuffled anew; ``"end"`` ends the epoch early, at the largest length
+    where every source's share stays below its size (so no sample is read twice in an epoch,
+    whatever the batches). Each source keeps its own I/O-friendly order (its blocks shuffled, read
+    whole), and each epoch starts every source on a new shuffle. The order of an epoch is a pure
+    function of seed, epoch and the batches it is read in (:class:`stoker.data.mix_plan.MixOrder`),
+    so it resumes exactly, on this world size or another, from a state that counts each source's
+    samples consumed.
 
     Indices: the sources' samples one after another (``offsets``). Labels: one class space, the
     sources' classes one after another, named ``"<source>/<class>"`` (``classes``); a source with
@@ -215,27 +217,17 @@ class Mix(torch.utils.data.Dataset):
         """Blocks each source keeps open at once (see :func:`stoker.data.readahead.open_blocks`)."""
         return [open_blocks(s.shards, window) for s in self.sources]
 
-    def pass_order(self, source: int, order: Order, window: int, seed: int, epoch: int, number: int) -> np.ndarray:
-        """Pass ``number`` of source ``source`` in ``epoch``: the source's own order of all its
-        samples (epoch.py's plan for one rank), with a seed of its own per (seed, source, pass)."""
-        pass_seed = int(np.random.SeedSequence([seed, source, number]).generate_state(1, np.uint64)[0] >> 1)
-        return plan_epoch(self.bounds()[source], order=order, window=self.windows(window)[source], seed=pass_seed,
-                          epoch=epoch, rank=0, world_size=1, drop_last=False).share
-
-    def sequence(self, *, seed: int, epoch: int, batch_size: int, order: Order, window: int, world_size: int = 1,
-                 drop_last: bool = False, consumed: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The rest of ``epoch``'s global sequence (mix indices) from where source i has given
-        ``consumed[i]`` samples (default: none), in chunks of ``batch_size`` for ``world_size``
-        ranks (chunk k is rank k % W's batch k // W), and its per-source counts (chunks, sources)."""
-        consumed = consumed if consumed is not None else (0,) * len(self.sources)
-        counts = plan_counts(self.spec(), batch_size, world_size, drop_last, consumed)
-        streams = [stream(functools.partial(self.pass_order, i, order, window, seed, epoch), len(s), consumed[i],
-                          int(counts[:, i].sum())) + self.offsets[i] for i, s in enumerate(self.sources)]
-        return interleave(counts, streams), counts
+    def epoch_order(self, order: Order, window: int) -> MixOrder:
+        """The mix's :class:`stoker.data.epoch.EpochOrder`: what a reader's epochs follow (see
+        :class:`stoker.data.mix_plan.MixOrder`), each source in ``order`` with ``window`` blocks open."""
+        return MixOrder(self.spec(), self.offsets, tuple(self.bounds()), tuple(self.windows(window)), order, window,
+                        self.names)
 
     def epoch_counts(self, batch_size: int, world_size: int = 1, drop_last: bool = False) -> dict[str, int]:
         """Samples of each source in a whole epoch read in batches of ``batch_size`` on ``world_size`` ranks."""
-        counts = plan_counts(self.spec(), batch_size, world_size, drop_last, (0,) * len(self.sources))
+        chunks = rank_batches(self.spec().length(), start=0, world_size=world_size, rank=0, batch_size=batch_size,
+                              drop_last=drop_last).chunks()
+        counts = self.epoch_order("sequential", 1).counts(0, chunks, None)
         return {name: int(n) for name, n in zip(self.names, counts.sum(axis=0))}
 
     # -- what a resume state records ------------------------------------------------------------------------
@@ -250,13 +242,6 @@ class Mix(torch.utils.data.Dataset):
         weights = " ".join(f"{name}={self.weights[name]:.6g}" for name in self.names)
         exact = ":".join(map(str, self._exact))
         return f"weights {weights} (exactly {exact}); epoch_size {self.epoch_size}; exhausted {self.exhausted}"
-
-    def blocks(self, order: Order, window: int) -> tuple[int | None, str | None]:
-        """(window, block layout) as a state records them (see :func:`stoker.data.epoch.order_settings`)."""
-        settings = [order_settings(b, order, w) for b, w in zip(self.bounds(), self.windows(window))]
-        if order != "quasi_random":
-            return None, None
-        return window, "; ".join(f"{name}: {layout}" for name, (_, layout) in zip(self.names, settings))
 
     def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True) -> MixLookahead:
         """Reading ahead of ``order`` (mix indices): each source's own (see :class:`Lookahead`)."""
@@ -300,61 +285,6 @@ class MixLookahead:
         """Stop every source's staging."""
         for part in self.parts:
             part.close()
-
-
-class MixReader:
-    """What a reader of a Mix (stoker.Loader, QuasiRandomSampler) asks of it: batches per epoch,
-    one rank's pass, reading ahead, and its resume record. Rank ``rank`` of ``world_size`` gets
-    the chunks ``rank``, ``rank + world_size``, ... of ``batch_size`` of the epoch's sequence."""
-
-    def __init__(self, mix: Mix, batch_size: int, order: Order, window: int, rank: int, world_size: int,
-                 drop_last: bool) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.mix, self.batch_size, self.order, self.window = mix, batch_size, order, window
-        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        counts = plan_counts(mix.spec(), batch_size, world_size, drop_last, (0,) * len(mix.sources))
-        self._batches = len(counts) // world_size
-
-    def batches(self) -> int:
-        """Batches per epoch on each rank (all whole and stratified)."""
-        return self._batches
-
-    def plan(self, seed: int, epoch: int, start: int) -> EpochPlan:
-        """This rank's pass over ``epoch``, from ``start`` samples of its share on."""
-        sequence, _ = self.mix.sequence(seed=seed, epoch=epoch, batch_size=self.batch_size, order=self.order,
-                                        window=self.window, world_size=self.world_size, drop_last=self.drop_last)
-        share = rank_batches(sequence, self.batch_size, self.rank, self.world_size)
-        if not 0 <= start <= len(share):
-            raise ValueError(f"start {start} is outside this rank's share of {len(share)} samples")
-        return EpochPlan(epoch, share, start)
-
-    def lookahead(self, order: np.ndarray) -> MixLookahead:
-        """Reading ahead of ``order`` (a pass's rest): each source's blocks, not for a fully random order."""
-        return self.mix.lookahead(order, self.window, hint_blocks=self.order != "random")
-
-    def position(self, part: str, dataset: str, seed: int, epoch: int, samples_done: int) -> Position:
-        """The resume record of ``part`` at ``samples_done`` samples of this rank's share of ``epoch``."""
-        window, blocks = self.mix.blocks(self.order, self.window)
-        return Position(part, dataset, seed, epoch, self.world_size, self.rank,
-                        self.batch_size if part == "Loader" else None, self.order, window, blocks, self.drop_last,
-                        samples_done, mix=self.mix.describe())
-
-    def resumable(self, saved: Position) -> Position:
-        """``saved`` as this mix resumes it: as it is when it was saved for the same weights and
-        options; for others a new mix starts (a StateWarning names both): at the start of the saved
-        epoch when nothing of it was consumed, else at the start of the next."""
-        mix = self.mix.describe()
-        if saved.mix is None:
-            raise StateError("cannot resume: the state was saved for one data set, not a stoker.Mix")
-        if saved.mix == mix:
-            return saved
-        epoch = saved.epoch + (0 < saved.samples_done)
-        warnings.warn(f"the state was saved for a Mix of {saved.mix}; this Mix has {mix}: a new mix starts at "
-                      f"epoch {epoch} (the rest of epoch {saved.epoch} is not read)" if epoch != saved.epoch else
-                      f"the state was saved for a Mix of {saved.mix}; this Mix has {mix}: a new mix starts at "
-                      f"epoch {epoch}", StateWarning, stacklevel=3)
-        return dataclasses.replace(saved, epoch=epoch, samples_done=0, mix=mix)
 
 
 def _class_count(name: str, source: ShardDataset) -> int:

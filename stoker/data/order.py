@@ -1,4 +1,4 @@
-"""Sample orders as pure functions of numpy arrays: blocks, quasi-random shuffles, rank shares.
+"""Sample orders as pure functions of numpy arrays: blocks, quasi-random shuffles, ranks' positions.
 
 Everything here is deterministic in its inputs (seed and epoch come in as arguments), so each
 rank computes the same global order without talking to the others.
@@ -23,16 +23,14 @@ def block_bounds(shard_of_sample: np.ndarray, sample_start: np.ndarray, block_by
     return np.concatenate([[0], np.flatnonzero(change) + 1, [n]]).astype(np.int64)
 
 
-def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int, *, rank: int = 0, world_size: int = 1,
-                       drop_last: bool = False, ramp: bool = True) -> np.ndarray:
-    """Rank ``rank``'s share of an epoch: the blocks shuffled, cut into equal rank shares (see
-    :func:`rank_share`), then each share's samples shuffled within groups of ``window`` consecutive
-    blocks.
+def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int, *, ramp: bool = True) -> np.ndarray:
+    """The global order of an epoch, the same for any number of ranks: the blocks shuffled, then
+    the samples shuffled within groups of ``window`` consecutive blocks of that shuffle.
 
-    Each block is consumed while its group is open and never again, so a reader sees ``window``
-    blocks at a time instead of the whole data set. With ``ramp`` the first groups of each share
-    hold 2, 4, 8, ... blocks up to ``window``: the first batch of an epoch then needs two blocks
-    from a cold disk instead of ``window``, and later ones find theirs read ahead.
+    Each block is consumed while its group is open and never again, so readers see ``window``
+    blocks at a time instead of the whole data set. With ``ramp`` the first groups hold 2, 4, 8,
+    ... blocks up to ``window``: the first batch of an epoch then needs two blocks from a cold disk
+    instead of ``window``, and later ones find theirs read ahead.
     """
     rng = np.random.default_rng([seed, epoch])
     sizes = np.diff(bounds)
@@ -43,9 +41,7 @@ def quasi_random_order(bounds: np.ndarray, window: int, seed: int, epoch: int, *
     samples = np.repeat(bounds[visit], visit_sizes) + (np.arange(n) - np.repeat(first, visit_sizes))
     visit_of = np.repeat(np.arange(len(visit)), visit_sizes)  # each position's place in the block visit
     keys = rng.random(n)
-    share, share_visit, share_keys = (rank_share(a, rank, world_size, drop_last) for a in (samples, visit_of, keys))
-    runs = np.concatenate([[0], np.cumsum(np.diff(share_visit) != 0)]) if len(share) else share_visit
-    return share[np.lexsort((share_keys, window_groups(runs, window, ramp)))]
+    return samples[np.lexsort((keys, window_groups(visit_of, window, ramp)))]
 
 
 def window_groups(runs: np.ndarray, window: int, ramp: bool) -> np.ndarray:
@@ -78,18 +74,22 @@ def shard_schedule(starts: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, n
     return shards[by_first], first[by_first], last[by_first]
 
 
-def rank_share(order: np.ndarray, rank: int, world: int, drop_last: bool) -> np.ndarray:
-    """Rank ``rank``'s contiguous slice of ``order``; every rank gets the same length.
-
-    With ``drop_last`` the tail that does not divide evenly is dropped; otherwise the order is
-    padded by repeating its start, as torch's DistributedSampler does.
-    """
-    n = len(order)
-    per_rank = n // world if drop_last else -(-n // world)
-    total = per_rank * world
-    if total > n:
-        order = np.resize(order, total)
-    return order[rank * per_rank : (rank + 1) * per_rank]
+def rank_positions(length: int, world_size: int, rank: int, batch_size: int) -> np.ndarray:
+    """Rank ``rank``'s positions in a sequence of ``length`` samples dealt to ``world_size`` ranks in
+    chunks of ``batch_size``: chunk k goes to rank k % world_size as its batch k // world_size, so
+    each global batch (one chunk per rank) is a contiguous slice of the sequence. A last global
+    batch of fewer than ``world_size * batch_size`` samples is split near-evenly over the ranks
+    (in order, sizes differing by at most one; with fewer samples than ranks the last ranks get
+    none); nothing is repeated or dropped."""
+    per_global = world_size * batch_size
+    full, left = divmod(length, per_global)
+    chunk_starts = np.arange(full, dtype=np.int64) * per_global + rank * batch_size
+    positions = (chunk_starts[:, None] + np.arange(batch_size, dtype=np.int64)).ravel()
+    if left:
+        base, extra = divmod(left, world_size)
+        first = full * per_global + rank * base + min(rank, extra)
+        positions = np.concatenate([positions, np.arange(first, first + base + (rank < extra), dtype=np.int64)])
+    return positions
 
 
 def classes_per_batch(labels_in_order: np.ndarray, batch_size: int) -> float:

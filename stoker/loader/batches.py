@@ -1,6 +1,7 @@
 """Making one batch: the work that pipeline threads share, or that a worker process does alone.
 
-A batch is fully determined by (seed, epoch, batch number, rank) and the order's indices, so it
+A batch is fully determined by (seed, epoch, its key: where it lies in the epoch's sequence) and
+its indices, so it
 comes out the same whether 1 thread, 8 threads or a worker process makes it. With a batched
 augmentation (a translated torchvision pipeline), its parameters are drawn once per batch from
 those numbers too, and each thread augments the images it decoded, right after decoding them.
@@ -22,6 +23,7 @@ import torch
 from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
+from stoker.data.epoch import RankBatches
 from stoker.data.mix import Mix
 from stoker.errors import CorruptDataError, TransformError
 from stoker.loader.buffers import mapped_pixels, thread_buffer
@@ -98,8 +100,7 @@ class BatchMaker:
     crop: CropSpec | None  # None: whole images, decoded with Pillow for ``transform`` (which makes them one size)
     transform: SampleTransform | None
     seed: int
-    rank: int
-    world_size: int
+    batches: RankBatches  # where the pass's batches lie in the epoch: their draws are keyed by it
     on_error: OnError = "raise"
     augment: ThreadAugment | None = None
 
@@ -133,18 +134,19 @@ class BatchMaker:
                      replaced=np.zeros(n, bool), augment_draws=augment_draws, native_ops=native_ops)
 
     def draws(self, epoch: int, number: int, n: int) -> BatchDraws:
-        """The crops of batch ``number`` of ``epoch``: drawn from (seed, epoch, the batch's number
-        across ranks), so they do not depend on what makes the batch."""
+        """The crops of batch ``number`` of the pass over ``epoch``: drawn from (seed, epoch, the
+        batch's key), so they do not depend on what makes the batch."""
         assert self.crop is not None, "whole images have no crop to draw"
         return draw_batch(self.seed, epoch, self.batch_key(number), n, self.crop)
 
     def batch_key(self, number: int) -> int:
-        """Batch ``number`` of this rank, numbered across all ranks."""
-        return number * self.world_size + self.rank
+        """Batch ``number`` of this rank's pass as a key of its own in the epoch: the position of its
+        first sample in the epoch's global sequence (the same on every resume of the same run)."""
+        return self.batches.first(number)
 
     def augment_step(self, epoch: int, number: int) -> int:
         """Which draw of the augmentation's seeded stream batch ``number`` of ``epoch`` gets: a
-        number of its own for every (epoch, batch across ranks), never a count of earlier calls."""
+        number of its own for every (epoch, batch key), never a count of earlier calls."""
         return (epoch << 32) + self.batch_key(number)
 
     def sample_shape(self) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """stoker.Loader: batches of decoded, cropped images from a ShardDataset, made by threads.
 
-    order (pure function of seed, epoch, rank) ──> batches of indices
+    order (pure function of seed, epoch) ──dealt to ranks──> batches of indices
         │  for each of the next ``prefetch`` batches: one preallocated uint8 tensor (B, H, W, 3)
         └─> thread pool: read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
                           straight into the batch tensor (decoders and OpenCV release the GIL)
@@ -30,8 +30,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import ORDERS, EpochPlan, Order, order_settings, plan_epoch, resolve_rank, share_length
-from stoker.data.mix import Mix, MixReader
+from stoker.data.epoch import ORDERS, BlockOrder, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
+from stoker.data.mix import Mix
+from stoker.data.mix_plan import MixOrder
 from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
 from stoker.errors import StokerError
@@ -70,9 +71,15 @@ class Loader:
     the next unseen batch in another process (see :mod:`stoker.state`), reading nothing of the
     epoch before that point. Batches are ``layout`` NCHW (a view of channels_last
     memory) or NHWC; ``device`` copies them there through pinned memory. Under DDP (``rank`` and
-    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) every
-    rank gets a disjoint share of equal length, padded by repeating the start of the order unless
-    ``drop_last``, so every rank yields the same number of batches.
+    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) the
+    epoch's one global order (the same for any world size: :mod:`stoker.data.epoch`) is dealt to
+    the ranks a batch at a time, in turn, so each step's global batch is a contiguous slice of it.
+    Nothing is repeated: a short last global batch is split near-evenly over the ranks (with fewer
+    samples left than ranks, the last ranks end one step early); ``drop_last`` drops it, so every
+    rank yields the same number of batches. The state counts the epoch's samples across all ranks:
+    rank 0's resumes every rank, on this world size or another, with the same global batch
+    (``batch_size * world_size`` as saved) or the same per-rank ``batch_size``
+    (docs/distributed.md); crops are drawn per batch from where it lies in the epoch's order.
 
     ``transform``: a torchvision pipeline (v1 or v2, e.g. your ImageFolder's ``T.Compose([...])``)
     is read as three parts (stoker/loader/torchvision_plan.py): its leading geometry becomes the
@@ -139,6 +146,8 @@ class Loader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if on_error == "skip" and decode == "gpu":
             raise ValueError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
+        if isinstance(dataset, Mix) and decode == "gpu":
+            raise ValueError("decode='gpu' reads one ShardDataset: a stoker.Mix is decoded on the CPU (decode='cpu')")
         self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -183,23 +192,25 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
-        self._mix: MixReader | None = None  # a Mix's epochs, batches and records
-        if isinstance(dataset, Mix):
-            self._mix = MixReader(dataset, batch_size, order, window, self.rank, self.world_size, drop_last)
-            self._bounds, self.window, self._dataset = np.zeros(1, np.int64), window, dataset.digest()
+        self._epoch_order: BlockOrder | MixOrder
+        if isinstance(dataset, Mix):  # each source's blocks and window: the Mix's epoch order
+            self.window, self._epoch_order, self._dataset = window, dataset.epoch_order(order, window), dataset.digest()
         else:
             self._bounds = block_bounds_of(dataset.shards)
             self.window = open_blocks(dataset.shards, window)
+            self._epoch_order = BlockOrder(self._bounds, order, self.window)
             self._dataset = dataset.shards.manifest.digest()
         self.epoch = 0
-        self._position = 0  # samples of this epoch's share yielded
+        self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
+        self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source at _position (None at 0)
+        self._pass_from: int | None = None  # where the pass being iterated started (None between passes)
         if transform is not None:
             _log.info("%s", self.explain())
 
     def explain(self) -> str:
         """What the loader does with its ``transform``, step by step: fused into the decode,
         batched (and where), or per sample as given, each with the reason."""
-        maker = self._batch_maker()
+        maker = self._batch_maker(self._plan(self.epoch, self._position, self._consumed).batches)
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
@@ -216,61 +227,67 @@ class Loader:
         return text
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        if self._mix is not None:
-            return self._mix.batches()
-        share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
-        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+        """Batches of the pass on this rank: a whole epoch's, or after a resume (or a pass left
+        early) the rest's; while a pass runs, that pass's."""
+        start = self._position if self._pass_from is None else self._pass_from
+        return len(rank_batches(len(self._epoch_order), start=start, world_size=self.world_size, rank=self.rank,
+                                batch_size=self.batch_size, drop_last=self.drop_last))
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
         loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already."""
         if epoch != self.epoch:
-            self._position = 0
+            self._position, self._consumed = 0, None
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is (a :class:`stoker.state.Position`): resuming from it yields exactly the
-        batches not yet yielded. Save it with the model's checkpoint, after the step that used the
-        last batch (one per rank, or rank 0's for all: ranks step together)."""
+        """Where the loader is (a :class:`stoker.state.Position`): the samples of the epoch's global
+        sequence consumed by all ranks, so resuming from it yields exactly the batches not yet
+        yielded, on this world size or another. Save it with the model's checkpoint, after the step
+        that used the last batch: rank 0's serves every rank (ranks step together; at the epoch's
+        last step, when the last ranks have ended one step early, only rank 0's is right)."""
         return self._record(self.epoch, self._position).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`. A state saved for another data set, world size, batch
-        size, order (``order``, ``window``, the data set's blocks, ``drop_last``) or by another part
-        is refused (StateError); the state's seed is taken (a StateWarning when it is not this
-        loader's)."""
-        saved = Position.from_dict(state, "Loader")
-        if self._mix is not None:
-            saved = self._mix.resumable(saved)
-        saved.check_fits(self._record(0, 0))
-        if saved.samples_done % self.batch_size and saved.samples_done != self._epoch_samples():
-            raise StateError(f"samples_done={saved.samples_done} is not at a batch boundary (batch size {self.batch_size})")
-        if not 0 <= saved.samples_done <= self._epoch_samples():
-            raise StateError(f"samples_done={saved.samples_done} is outside this rank's epoch of {self._epoch_samples()}")
+        """Continue from a :meth:`state_dict`, saved by any rank of any world size: the rest of its
+        epoch is dealt to this loader's ranks, with the same global batch (``batch_size *
+        world_size`` as saved; each rank's batch changes) or the same per-rank ``batch_size``. A
+        state saved for another data set, order (``order``, ``window``, the data set's blocks,
+        ``drop_last``), with a batch size that keeps neither, or by another part is refused
+        (StateError, saying what would work); the state's seed is taken (a StateWarning when it is
+        not this loader's)."""
+        saved, mode = Position.from_dict(state, "Loader").resumed_by(self._record(0, 0))
+        if saved.samples_done > len(self._epoch_order):
+            raise StateError(f"samples_done={saved.samples_done} is outside the epoch of {len(self._epoch_order)} samples")
+        if saved.world_size != self.world_size or saved.batch_size != self.batch_size:
+            _log.info("stoker.Loader: resuming a state of %d ranks x %d on %d ranks x %d (%s)", saved.world_size,
+                      saved.batch_size, self.world_size, self.batch_size, mode)
         self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
+        self._consumed = saved.consumed
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
-        plan = self._plan(self.epoch, self._position)
+        plan = self._plan(self.epoch, self._position, self._consumed)
+        self._pass_from = self._position
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead: ReadsAhead = self._mix.lookahead(plan.rest) if self._mix is not None else \
-            Lookahead(self.dataset.shards, self._bounds, plan.rest, self.window,  # type: ignore[union-attr]  # not a Mix
-                      hint_blocks=self.order != "random")
+        ahead: ReadsAhead = self.dataset.lookahead(plan.share, self.window, hint_blocks=self.order != "random") \
+            if isinstance(self.dataset, Mix) else Lookahead(self.dataset.shards, self._bounds, plan.share, self.window,
+                                                          hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
-        maker = self._batch_maker()
+        maker = self._batch_maker(plan.batches)
         make = self._in_processes if self.processes > 0 else self._in_threads
         batches = with_one_opencv_thread(make(maker, plan, hints, ahead))  # the pass runs its own threads
         try:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
-                self._position = min((batch + 1) * self.batch_size, len(plan.share))
+                self._position, self._consumed = plan.batches.samples_done(batch + 1), plan.consumed(batch + 1)
                 yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
-            self.epoch, self._position = self.epoch + 1, 0
+            self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
         finally:
+            self._pass_from = None
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
@@ -286,10 +303,11 @@ class Loader:
         """For :func:`stoker.watch`'s lines: the damaged samples skipped, when there were any."""
         return f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped" if self.skipped else ""
 
-    def _batch_maker(self) -> BatchMaker:
+    def _batch_maker(self, batches: RankBatches) -> BatchMaker:
+        """What makes the batches of a pass, keying its draws by where ``batches`` puts them in the epoch."""
         steps = self._transform_plan
         per_sample = PerSample(steps.per_sample, steps.given) if steps.per_sample else None
-        args = (per_sample, self.seed, self.rank, self.world_size, self.on_error)
+        args = (per_sample, self.seed, batches, self.on_error)
         dataset = self.dataset
         if self.decode == "gpu":
             from stoker.loader.gpu_decode import GpuBatchMaker
@@ -313,7 +331,7 @@ class Loader:
         """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
         ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
         free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
-        numbers = range(plan.start // self.batch_size, len(self))
+        numbers = range(len(plan.batches))
         upcoming = 0  # position in numbers of the next batch to queue
         if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
             self._ring = BatchRing((self.batch_size, *maker.buffer_shape()), self.prefetch + 1)
@@ -346,7 +364,7 @@ class Loader:
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
                       ahead: ReadsAhead) -> Generator[_Made, None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
-        numbers = range(plan.start // self.batch_size, len(self))
+        numbers = range(len(plan.batches))
         queued = self.prefetch * self.processes
         hints.submit(ahead.advance, 0)
         workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size, self.threads), batch_size=None,
@@ -356,37 +374,32 @@ class Loader:
             if error is not None:
                 raise error
             assert made is not None
-            hints.submit(ahead.advance, (batch + queued) * self.batch_size - plan.start)
+            hints.submit(ahead.advance, (batch + queued) * self.batch_size)
             yield batch, made, skipped
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
-        """The sample indices this rank reads in ``epoch`` (default: the current one), in order."""
-        return self._plan(self.epoch if epoch is None else epoch).share
+        """The sample indices this rank reads in a whole pass over ``epoch`` (default: the current
+        one) from its start, in order."""
+        return self._plan(self.epoch if epoch is None else epoch, 0).share
 
-    def _plan(self, epoch: int, start: int = 0) -> EpochPlan:
-        if self._mix is not None:
-            return self._mix.plan(self.seed, epoch, start)
-        return plan_epoch(self._bounds, order=self.order, window=self.window, seed=self.seed, epoch=epoch, rank=self.rank,
-                          world_size=self.world_size, drop_last=self.drop_last, start=start)
-
-    def _epoch_samples(self) -> int:
-        """Samples a whole epoch yields on this rank (with ``drop_last``, whole batches only)."""
-        if self._mix is not None:
-            return len(self) * self.batch_size
-        share = share_length(int(self._bounds[-1]), self.world_size, self.drop_last)
-        return min(share, len(self) * self.batch_size)
+    def _plan(self, epoch: int, start: int, consumed: tuple[int, ...] | None = None) -> EpochPlan:
+        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; a Mix's per
+        source: ``consumed``)."""
+        return plan_epoch(self._epoch_order, seed=self.seed, epoch=epoch, start=start, consumed=consumed,
+                          world_size=self.world_size,
+                          rank=self.rank, batch_size=self.batch_size, drop_last=self.drop_last)
 
     def _record(self, epoch: int, samples_done: int) -> Position:
-        if self._mix is not None:
-            return self._mix.position("Loader", self._dataset, self.seed, epoch, samples_done)
-        window, blocks = order_settings(self._bounds, self.order, self.window)
+        window, blocks = self._epoch_order.settings()
+        mix, consumed = (self.dataset.describe(), self._consumed or (0,) * len(self.dataset.sources)) \
+            if isinstance(self.dataset, Mix) else (None, None)
         return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
-                        self.order, window, blocks, self.drop_last, samples_done)
+                        self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
                 ahead: ReadsAhead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
         """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
-        hints.submit(ahead.advance, number * self.batch_size - plan.start)
+        hints.submit(ahead.advance, number * self.batch_size)
         indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
         batch = maker.start(plan.epoch, number, indices, pixels=pixels)
         # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
