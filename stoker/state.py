@@ -17,12 +17,14 @@ A reader's state is a :class:`Position`: which data set (its manifest's digest),
 world size and per-rank batch size it was saved with, what determines the order (``order``; for
 ``quasi_random`` its ``window`` and block layout; ``drop_last``; a mixture's ``mix``), and how many
 samples of the epoch's global sequence the training loop has consumed across all ranks
-(``samples_done``; a mixture adds each source's count, ``consumed``). The sequence is the same for
-any world size (stoker/data/epoch.py), so rank 0's position serves every rank, and a position saved
-on W ranks resumes on W' ranks (:meth:`Position.check_fits`): with the same global batch (each
-rank's batch is ``W * batch_size / W'``) or with the same per-rank batch. Loading a position saved
-for another data set, order or kind of reader, or with a batch size that keeps neither, raises
-:class:`StateError` naming both values. Another seed is not refused: the state's seed is taken, so
+(``samples_done``; a mixture adds each source's count, ``consumed``, from which its sequence goes
+on). The sequence is the same for any world size (stoker/data/epoch.py), so rank 0's position
+serves every rank, and a position saved on W ranks resumes on W' ranks (:meth:`Position.check_fits`):
+with the same global batch (each rank's batch is ``W * batch_size / W'``) or with the same per-rank
+batch. Loading a position saved for another data set, order or kind of reader, or with a batch
+size that keeps neither, raises :class:`StateError` naming both values; a mixture saved with other
+weights or options starts a new mix instead, with a :class:`StateWarning` (:meth:`Position.resumed_by`).
+Another seed is not refused: the state's seed is taken, so
 the resumed run goes on with the saved run's order and crops, and a :class:`StateWarning` names both
 seeds. Positions of format version 2 counted one rank's share: those saved on one rank are read
 as they are; those of several ranks, and version 1 ones, are refused with how to restart the epoch.
