@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import torch.utils.data
-from _latency_proxy import run_in_process
 
 import stoker
+from stoker.bench.link import start_link_process
 from stoker.format import read_manifest
 from stoker.storage import evict
 
@@ -145,7 +145,8 @@ def s3(shards: Path, repeat: int, delay: float) -> None:
     cache = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir="/dev/shm"))
     os.environ["XDG_CACHE_HOME"] = str(work / "xdg")
     server = S3Server(work / "requests.log")
-    proxy, url = run_in_process(server.port, delay)
+    link = start_link_process(server.port, delay=delay)
+    url = link.url
     try:
         server.fs.mkdir("data")
         server.fs.put(str(shards) + "/", "data/ds", recursive=True)
@@ -167,7 +168,7 @@ def s3(shards: Path, repeat: int, delay: float) -> None:
                     runs["opened"].append(time.perf_counter() - start)
                     runs["remote"].append(loader_epochs(dataset, 2))
     finally:
-        proxy.kill()
+        link.close()
         server.stop()
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

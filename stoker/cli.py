@@ -322,7 +322,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_sample)
 
     p = commands.add_parser("doctor", help="measure where input time goes and say what to do")
-    p.add_argument("path", help="an image folder, a path list (.csv/.tsv/.txt) or a packed stoker data set")
+    p.add_argument("path", help="an image folder, a path list (.csv/.tsv/.txt) or a packed stoker data set; or an "
+                   "fsspec URL (s3://bucket/prefix: a packed data set or a folder of images; credentials and endpoint "
+                   "as for pack and stage: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
     p.add_argument("--step-time", type=ranges.STEP_TIME.argument(),
                    help="the model's seconds per batch (for the verdict and GPU idle time)")
     p.add_argument("--batch-size", type=ranges.DOCTOR_BATCH.argument(), default=64)

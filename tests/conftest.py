@@ -15,6 +15,7 @@ from stoker.sample_data import make_sample_photos
 PHOTOS = 96
 CLASSES = 4
 SMALL_SHARD = 600_000  # ~8 photos of ~70 KB: many shards from a small set
+NUMBERED = 48  # samples of `numbered`, each its own class
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,16 @@ def packed(photos, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("packed") / "ds"
     stoker.pack(photos, dst, shard_bytes=SMALL_SHARD, workers=2, progress=False)
     return dst
+
+
+@pytest.fixture(scope="session")
+def numbered(tmp_path_factory) -> Path:
+    """NUMBERED small photos packed over three shards, sample i alone in class i: a batch's labels say which
+    samples it holds (what the trainer tests check: every sample of an epoch trained on once)."""
+    root = tmp_path_factory.mktemp("numbered")
+    src = make_sample_photos(root / "src", count=NUMBERED, num_classes=NUMBERED, seed=2)
+    stoker.pack(src, root / "ds", shard_bytes=64 << 10, max_side=48, workers=1, progress=False)
+    return root / "ds"
 
 
 def source_files(root: Path) -> dict[str, bytes]:

@@ -8,6 +8,21 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """An object store's figures: ``rate`` img/s with ``in_flight`` reads of ``read_bytes`` at a
+    time (0: whole files), each request's first byte after ``first_byte_ms`` (median), one request
+    moving ``one_request_mb_per_s``; ``cache``: the node cache proposed (``cache_dir``,
+    ``cache_limit``, ``fits``; None for loose files, which it does not hold)."""
+
+    rate: float
+    in_flight: int
+    read_bytes: int
+    first_byte_ms: float
+    one_request_mb_per_s: float
+    cache: dict | None
+
+
+@dataclass(frozen=True)
 class Figures:
     """The measured inputs of a verdict (see the probes for how each is measured). Rates are
     img/s of the whole machine unless named per core; ``None``: not measured here.
@@ -16,7 +31,8 @@ class Figures:
     pack (warm, cold, with the transform's stages after the crop, decoding on the GPU);
     ``stoker_loader_capped``: the same (with the transform, if any) on the sample shrunk to
     ``capped_side`` px as ``stoker pack --max-side`` shrinks it. ``loader_other_cores``: the
-    cores' worth of CPU other processes used while the best DataLoader was timed."""
+    cores' worth of CPU other processes used while the best DataLoader was timed.
+    ``object_store``: the data lies at a URL; ``storage_rate`` is then one read at a time."""
 
     source: str
     loose: bool
@@ -48,3 +64,4 @@ class Figures:
     loader_other_cores: float = 0.0
     ssd_path: str | None = None
     ssd_copy_rate: float | None = None
+    object_store: ObjectStore | None = None

@@ -1,5 +1,6 @@
 """The doctor's HTML report: the text report (wrapped to the page) plus charts drawn as inline SVG
-(no plotting library needed): the cold read latency histogram, each stage's throughput, and the
+(no plotting library needed): the cold read latency histogram (or an object store's first-byte
+latencies and MB/s by reads in flight), each stage's throughput, and the
 remedies (the rate now, each remedy's predicted rate and ``--prove``'s measured one), both
 against the rate the GPU consumes (batch size / step time)."""
 
@@ -23,6 +24,10 @@ def write_html(report: DoctorReport, path: str | os.PathLike) -> None:
     charts = []
     if report.storage and report.storage.cold and len(report.storage.cold.latencies_ms):
         charts.append(("Cold read latency (ms, log scale)", latency_histogram(report.storage.cold.latencies_ms)))
+    if report.remote and len(report.remote.first_byte_ms):
+        charts.append(("Object store: first-byte latency (ms, log scale)", latency_histogram(report.remote.first_byte_ms)))
+    if report.remote and report.remote.levels:
+        charts.append(("Object store: MB/s by reads in flight (the proposed count in green)", in_flight_bars(report)))
     charts.append(("Throughput per stage (img/s, whole machine) against what the GPU consumes",
                    stage_bars(report.verdict.stage_rates, needed)))
     if report.verdict.remedies:
@@ -84,9 +89,18 @@ def remedy_bars(report: DoctorReport) -> str:
     return bars(rows, report.verdict.needed_images_per_s)
 
 
-def bars(rows: list[tuple[str, float, str]], needed: float | None) -> str:
-    """Horizontal SVG bars (label above each, value at its end; colour per row) on one img/s scale,
-    with ``needed`` (what the GPU consumes) as a red vertical line across them."""
+def in_flight_bars(report: DoctorReport) -> str:
+    """The object store's MB/s at each count of reads in flight, the proposed count marked."""
+    remote = report.remote
+    assert remote is not None
+    return bars([(f"{level.in_flight} in flight", level.mb_per_s,
+                  _MEASURED if level.in_flight == remote.reads_in_flight else _STAGE) for level in remote.levels],
+                None, unit="MB/s")
+
+
+def bars(rows: list[tuple[str, float, str]], needed: float | None, unit: str = "img/s") -> str:
+    """Horizontal SVG bars (label above each, value at its end; colour per row) on one scale of
+    ``unit``, with ``needed`` (what the GPU consumes, img/s) as a red vertical line across them."""
     scale_max = max([*(value for _, value, _ in rows), needed or 0, 1.0]) * 1.15
     span = _W - _LEFT - 90
     height = _ROW_H * len(rows) + 24
@@ -101,7 +115,7 @@ def bars(rows: list[tuple[str, float, str]], needed: float | None) -> str:
         w = value / scale_max * span
         parts.append(f"<text x='{_LEFT}' y='{y + 12}' font-size='12'>{html.escape(label)}</text>"
                      f"<rect class='bar' x='{_LEFT}' y='{y + 16}' width='{w:.1f}' height='{_ROW_H - 20}' fill='{fill}'>"
-                     f"<title>{html.escape(label)}: {value:,.0f} img/s</title></rect>"
+                     f"<title>{html.escape(label)}: {value:,.0f} {unit}</title></rect>"
                      f"<text x='{_LEFT + w + 4:.1f}' y='{y + 28}' font-size='11' paint-order='stroke' stroke='white' "
                      f"stroke-width='3'>{value:,.0f}</text>")
     return "".join(parts) + "</svg>"

@@ -13,6 +13,7 @@ Pure functions of a :class:`~stoker.doctor.figures.Figures` record. Symbols in t
     F0, F1  stoker's fused decode + crop per core, as stored / shrunk to the cap
     B   the bytes of the sample shrunk to the cap over its bytes as stored
     N   what the GPU consumes (batch / step time)   X   what input delivers now
+    P   the object store with the proposed reads in flight (data at a URL)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import PurePath
 
 from stoker.doctor.figures import Figures
 from stoker.doctor.numbers import rounded
+from stoker.doctor.remote_probe import size_words
 
 # stoker.echo's default bound on how often one example is served.
 ECHO_MAX_FACTOR = 4
@@ -91,7 +93,8 @@ def remedies(f: Figures, delivered: float, cpu: float, needed: float | None) -> 
     the GPU consumes (beyond it more is worth nothing), then in the order written here; then
     those this machine cannot predict (a GPU remedy without a GPU); data echoing always last."""
     names = _Names(f)
-    found = [*_packing(f, names), *_staging(f, names), _gpu(f, names), _max_side(f, names), _workers(f, cpu)]
+    found = [_object_store(f, names), *_packing(f, names), *_staging(f, names), _gpu(f, names), _max_side(f, names),
+             _workers(f, cpu)]
     out = [r for r in found if r is not None]
     cap = needed if needed is not None else math.inf
     rates = {id(r): rate for r in out if (rate := r.predicted_images_per_s) is not None and rate > WORTH * delivered}
@@ -139,6 +142,8 @@ def _packing(f: Figures, n: _Names) -> list[Remedy | None]:
     """stoker.Loader on packed data (with the user's transform when the Loader takes it), and for
     loose data, the shards in the user's own DataLoader."""
     out: list[Remedy | None] = []
+    if f.object_store is not None:  # read in place, the object store is a term the Loader alone does not show
+        return out
     loader = _packed_loader(f)
     unmeasured = UNMEASURED if f.loose and f.sequential_rate is None and f.stoker_loader_cold is None else ""
     if loader is not None:
@@ -162,8 +167,8 @@ def _staging(f: Figures, n: _Names) -> list[Remedy | None]:
     """Storage out of the loop: the data in RAM (stage, or the node cache), or on a local SSD."""
     loader = ("Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm") if f.user_transform else (
         "L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)")
-    if loader[1] is None or not (f.storage_rate < loader[1] or f.disk_shared):
-        return []
+    if loader[1] is None or not (f.storage_rate < loader[1] or f.disk_shared) or f.object_store:
+        return []  # data at a URL: the object-store remedy stages it (the node cache, with reads in flight)
     shared = "; the disk is shared with other jobs, which then no longer slow this one" if f.disk_shared else ""
     out: list[Remedy | None] = []
     if f.dataset_bytes < 0.5 * f.available_ram_bytes:
@@ -181,6 +186,31 @@ def _staging(f: Figures, n: _Names) -> list[Remedy | None]:
         out.append(Remedy("stage onto the local SSD", _min(loader, copy), f"{command}; then {n.loader(ssd)}",
                           f"copying onto it ran at {f.ssd_copy_rate:,.0f} MB/s; reads then come from the SSD{shared}"))
     return out
+
+
+def _object_store(f: Figures, n: _Names) -> Remedy | None:
+    """Data at a URL: read it with the proposed reads in flight through the node cache (whole
+    shards staged ahead of the reader); loose files packed into shards first."""
+    o = f.object_store
+    loader = (("Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm") if f.user_transform
+              else ("L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)"))
+    if o is None or loader[1] is None:
+        return None
+    size = size_words(o.read_bytes)
+    store = ("P", o.rate, f"the object store, {o.in_flight} reads of {size} in flight")
+    if o.cache is None:
+        return Remedy(f"pack into shards, then read them with {o.in_flight} reads in flight", _min(store, loader),
+                      f"stoker pack LOCAL_COPY {n.src}-shards; then " + n.loader(f"{f.source}-shards",
+                                                                                 ", cache_dir='/dev/shm/stoker'"),
+                      f"each loose file costs a request (first byte after {o.first_byte_ms:.0f} ms); shards are read "
+                      f"in large pieces, and {o.in_flight} in flight measured {o.rate:,.0f} img/s even with whole files")
+    limit = f", cache_limit={o.cache['cache_limit']}" if o.cache["cache_limit"] else ""
+    later = (f"; later epochs read the node cache ({loader[1]:,.0f} img/s)" if o.cache["fits"]
+             else "; the data set is larger than the cache: every epoch fetches each shard once")
+    return Remedy(f"read through the node cache with {o.in_flight} reads of {size} in flight", _min(store, loader),
+                  n.loader(f.source, f", cache_dir={o.cache['cache_dir']!r}{limit}, block_bytes={o.read_bytes}"),
+                  f"one read at a time waits {o.first_byte_ms:.0f} ms for each request's first byte; "
+                  f"{o.in_flight} in flight fill the link as measured{later}")
 
 
 def _gpu(f: Figures, n: _Names) -> Remedy | None:

@@ -15,11 +15,12 @@ from stoker.doctor.numbers import rounded
 from stoker.doctor.pack_probe import PackProbe
 from stoker.doctor.prove import Proof
 from stoker.doctor.remedies import Remedy
+from stoker.doctor.remote_probe import RemoteReport, size_words
 from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 4  # 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores
+SCHEMA_VERSION = 5  # 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote
 
 
 @dataclass
@@ -27,7 +28,8 @@ class DoctorReport:
     """What :func:`stoker.doctor` measured and concluded. ``storage`` and ``decode`` are ``None``
     for a user's Dataset object, whose stored bytes the doctor cannot see; ``notes`` say how the
     measurement departed from the settings asked for; ``compute_cpu`` the CPU other processes
-    took during the decode and transform probes (the loader rows carry their own)."""
+    took during the decode and transform probes (the loader rows carry their own); ``remote``
+    the object-store probe of data at a URL (then ``storage`` is ``None``)."""
 
     target: dict
     settings: dict
@@ -41,6 +43,7 @@ class DoctorReport:
     sample_pack: PackProbe | None = None
     proof: list[Proof] | None = None
     compute_cpu: CpuShare | None = None
+    remote: RemoteReport | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -52,6 +55,7 @@ class DoctorReport:
         step, batch = self.settings.get("step_time"), self.settings["batch_size"]
         return {"schema_version": SCHEMA_VERSION, "target": self.target, "settings": self.settings,
                 "storage": self.storage.to_dict() if self.storage else None,
+                "object_store": self.remote.to_dict() if self.remote else None,
                 "decode": self.decode.to_dict() if self.decode else None,
                 "transform": [s.to_dict() for s in self.stages],
                 "loaders": [{**row.to_dict(), "gpu_idle_fraction": _idle(row.images_per_s, batch, step)}
@@ -73,6 +77,8 @@ class DoctorReport:
                  f"{' (estimated)' if t['estimated'] else ''} items; {t['sample_size']} sampled) in {self.seconds:.0f} s"]
         if self.storage:
             lines += ["", "Storage", *_storage_lines(self.storage)]
+        if self.remote:
+            lines += ["", *_object_store_lines(self.remote)]
         if self.decode:
             lines += ["", *_decode_lines(self.decode)]
         if self.stages:
@@ -198,6 +204,29 @@ def _storage_lines(s: StorageReport) -> list[str]:
     if s.contention and not s.contention.shared:  # a shared disk is in the notes
         lines.append(f"  {s.contention.describe()}")
     return lines + [f"  note: {note}" for note in s.notes]
+
+
+def _object_store_lines(r: RemoteReport) -> list[str]:
+    """The object store: first bytes, one request, each level of reads in flight, the proposal."""
+    lat = r.to_dict()["first_byte_ms"]
+    size = size_words(r.read_bytes if r.packed else 0)
+    lines = [f"Object store ({r.bounds.in_words()}; spent {r.bytes_read / 1e6:,.1f} MB in {r.seconds:.1f} s)",
+             f"  first byte        p50 {lat['p50'] or 0:8.1f} ms   p99 {lat['p99'] or 0:8.1f} ms   "
+             f"({lat['requests']} ranged 1-byte GETs, one at a time)",
+             f"  one request       {r.one_request_mb_per_s:8.1f} MB/s   ({len(r.streams)} GETs of "
+             f"{sum(n for n, _ in r.streams) / max(1, len(r.streams)) / 1e6:,.1f} MB, one at a time)",
+             f"  reads of {size} in flight:      MB/s     img/s"]
+    proposed = r.reads_in_flight
+    for level in r.levels:
+        mark = "   <- proposed" if level.in_flight == proposed else ""
+        lines.append(f"  {level.in_flight:22} {level.mb_per_s:10.1f} {r.images_per_s(level.mb_per_s):9,.0f}{mark}")
+    stage = r.stage
+    where = ("" if stage is None else f"; node cache in {stage['cache_dir']}"
+             + (f" (limit {stage['cache_limit'] / 1e9:,.1f} GB: the data set does not fit)" if stage["cache_limit"] else ""))
+    lines.append(f"  proposed: {proposed} reads of {size} in flight{where}: ~{r.expected_mb_per_s:,.0f} MB/s, "
+                 f"~{r.images_per_s(r.expected_mb_per_s):,.0f} img/s at {r.mean_item_bytes / 1e3:,.0f} KB per image")
+    lines += [f"  could not read {name}: {reason}" for name, reason in r.failures[:5]]
+    return lines + [f"  note: {note}" for note in r.notes]
 
 
 def _idle(rate: float, batch: int, step: float | None) -> float | None:

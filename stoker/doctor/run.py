@@ -1,6 +1,8 @@
 """``stoker.doctor``: run the probes on a sample within a time budget, then diagnose.
 
-    sample ──> storage probe (cold / warm / parallel / sequential / copies; other readers of the disk)
+    sample ──> storage probe (cold / warm / parallel / sequential / copies; other readers of the disk),
+               or at a URL the object-store probe (first byte, one request, reads in flight), then the
+               sample fetched into a local folder for the probes after it
            ──> decode probe (Pillow, simplejpeg, stoker's fused decode + crop)  ──> transform probe, per stage
            ──> loader probe (DataLoader 0, 1, 2, 4 .. N workers)
            ──> sample pack (the sample packed in a temporary folder; stoker.Loader on it)  ──> verdict + remedies
@@ -23,9 +25,11 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
 from stoker.doctor.contention import CpuWatch
+from stoker.doctor.figures import ObjectStore
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
 from stoker.doctor.pack_probe import PackProbe, probe_pack
 from stoker.doctor.prove import Sample, run_proof
+from stoker.doctor.remote_probe import Bounds, RemoteReport, fetch_sample, probe_remote, propose_cache
 from stoker.doctor.report import DoctorReport
 from stoker.doctor.standard import StandardTransform
 from stoker.doctor.storage_probe import StorageReport, probe_storage
@@ -42,13 +46,16 @@ _BUDGET = {False: {"sample": 400, "decoded": 200, "list": 5.0, "storage": 16.0, 
                    "pack": 12.0, "pack_images": 2048, "pack_bytes": 192 << 20, "prove": 8.0},
            True: {"sample": 120, "decoded": 60, "list": 1.0, "storage": 3.0, "compute": 2.0, "loaders": 4.0,
                   "pack": 2.5, "pack_images": 512, "pack_bytes": 48 << 20, "prove": 4.0}}
+# The object-store probes' bounds (first-byte and one-stream requests, bytes, seconds), and the
+# seconds the sample's fetch into a local folder may take.
+_REMOTE = {False: (Bounds(32, 4, 512 << 20, 16.0), 10.0), True: (Bounds(12, 2, 128 << 20, 4.0), 3.0)}
 _MAX_PROBE_BATCH = 128
 
 
 def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Callable[[Any], Any] | None = None,
            step_time: float | None = None, *, batch_size: int = 64, workers: int | None = None, size: int = 224,
            quick: bool = False, ssd: str | os.PathLike | None = None, seed: int = 0,
-           progress: bool = False, prove: bool = False) -> DoctorReport:
+           progress: bool = False, prove: bool = False, storage_options: dict[str, Any] | None = None) -> DoctorReport:
     """Measure where input time goes for ``source`` and say what to do about it.
 
     ``source``: a loose image folder, a path list, a packed stoker data set (a path or a
@@ -57,6 +64,9 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     ``transform`` runs on each decoded PIL image (default: a standard RandomResizedCrop(``size``)
     + flip + to-tensor); ``step_time`` is the model's seconds per batch of ``batch_size``;
     ``workers`` the most DataLoader workers tried (default: every core this process may use).
+    At an fsspec URL (``s3://...``; ``storage_options`` go to fsspec), a packed data set or a
+    folder of images: the object store is probed (first bytes, one request, reads in flight,
+    within stated bounds) and the sample fetched into a local folder for the other probes.
     The sampled images are packed into a temporary folder (removed after) to time stoker.Loader
     on them; ``prove`` runs the top two remedies for real on that pack and reports
     predicted against measured img/s.
@@ -71,52 +81,63 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     workers = cores if workers is None else workers
     steps = tqdm(total=5 + prove, desc="stoker doctor", disable=not progress, leave=False)
     steps.set_postfix_str("sampling")
-    target = open_target(source, int(budget["sample"]), seed, budget["list"])
+    target = open_target(source, int(budget["sample"]), seed, budget["list"], storage_options)
     user_dataset = target.kind == "dataset"
     user_transform = transform is not None or decode_mode != "pil"
     if transform is None and not user_dataset and decode_mode == "pil":
         transform = StandardTransform(size)
     steps.update()
-    steps.set_postfix_str("storage")
-    storage = None if user_dataset else probe_storage(target, workers=max(1, workers), seconds=budget["storage"], ssd=ssd)
-    steps.update()
-    steps.set_postfix_str("decode and transform")
-    watch = CpuWatch().start()
-    decode, stages, good, blobs = _compute(target, transform, size, decode_mode, int(budget["decoded"]), budget["compute"])
-    compute_cpu = watch.stop()
-    steps.update()
-    steps.set_postfix_str("loaders")
-    per_core = combined_rate([s.per_core for s in stages] + ([decode.pillow_per_core] if decode else []))
-    rows = worker_counts(workers)
-    # A batch takes at most ~1/8 of a row's time on one core, so even slow pipelines give several.
-    probe_batch = int(max(1, min(batch_size, _MAX_PROBE_BATCH, per_core * budget["loaders"] / len(rows) / 8)))
-    loaders = probe_loaders(target.subset(good), transform, probe_batch, rows, budget["loaders"], decode_mode)
-    notes = fallback_notes() + target.left_out
-    if probe_batch != batch_size:
-        notes.append(f"loaders were timed with batches of {probe_batch} (of {batch_size}) to stay within the time budget")
-    steps.update()
-    steps.set_postfix_str("sample pack")
     with tempfile.TemporaryDirectory(prefix="stoker-doctor-") as scratch:
+        steps.set_postfix_str("object store" if target.remote else "storage")
+        storage, remote, probed, notes = None, None, target, fallback_notes() + target.left_out
+        if target.remote:
+            bounds, fetch_seconds = _REMOTE[quick]
+            remote = probe_remote(target, bounds)
+            remote.stage = propose_cache(remote.mean_item_bytes * target.num_samples, _available_ram(),
+                                         str(ssd) if ssd else None) if target.kind == "packed" else None
+            probed, fetched = fetch_sample(target, Path(scratch) / "sample", remote.reads_in_flight, fetch_seconds)
+            notes += fetched
+        elif not user_dataset:
+            storage = probe_storage(target, workers=max(1, workers), seconds=budget["storage"], ssd=ssd)
+        steps.update()
+        steps.set_postfix_str("decode and transform")
+        watch = CpuWatch().start()
+        decode, stages, good, blobs = _compute(probed, transform, size, decode_mode, int(budget["decoded"]),
+                                               budget["compute"])
+        compute_cpu = watch.stop()
+        steps.update()
+        steps.set_postfix_str("loaders")
+        per_core = combined_rate([s.per_core for s in stages] + ([decode.pillow_per_core] if decode else []))
+        rows = worker_counts(workers)
+        # A batch takes at most ~1/8 of a row's time on one core, so even slow pipelines give several.
+        probe_batch = int(max(1, min(batch_size, _MAX_PROBE_BATCH, per_core * budget["loaders"] / len(rows) / 8)))
+        loaders = probe_loaders(probed.subset(good), transform, probe_batch, rows, budget["loaders"], decode_mode)
+        if probe_batch != batch_size:
+            notes.append(f"loaders were timed with batches of {probe_batch} (of {batch_size}) to stay within the "
+                         "time budget")
+        steps.update()
+        steps.set_postfix_str("sample pack")
         pack = None
         if not user_dataset:
-            files = target.files_read()
-            pack = probe_pack(blobs, os.path.join(scratch, "pack"), files[0] if files else target.description,
+            files = probed.files_read()
+            data_path = target.description if target.remote else files[0] if files else target.description
+            pack = probe_pack(blobs, os.path.join(scratch, "pack"), data_path,
                               size=size, batch_size=probe_batch, seconds=budget["pack"], transform=transform,
                               max_images=int(budget["pack_images"]), max_bytes=int(budget["pack_bytes"]),
                               capped_side=decode.capped_side if decode else None,
                               capped_blobs=decode.capped_blobs if decode else ())
             loaders += pack.rows
         steps.update()
-        figures = _figures(target, storage, decode, stages, loaders, pack, cores, batch_size, size, step_time, ssd,
-                           user_transform)
+        figures = _figures(target, storage, remote, decode, stages, loaders, pack, cores, batch_size, size, step_time,
+                           ssd, user_transform)
         verdict = diagnose(figures)
         proof = None
         if prove and pack is not None:
             steps.set_postfix_str("proving the top remedies")
-            sample = Sample(target.subset(good), blobs, pack, transform, decode_mode, size, max(1, figures.cores),
+            sample = Sample(probed.subset(good), blobs, pack, transform, decode_mode, size, max(1, figures.cores),
                             max(1, figures.loader_workers), scratch, storage is not None and storage.eviction_worked)
             proof, proof_notes = run_proof(verdict.remedies, sample, batch_size=batch_size, step_time=step_time,
-                                       seconds=budget["prove"])
+                                           seconds=budget["prove"])
             notes += proof_notes
             steps.update()
         elif prove:
@@ -125,9 +146,9 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     settings = {"batch_size": batch_size, "step_time": step_time, "workers": workers, "size": size, "quick": quick,
                 "transform": repr(transform) if transform is not None else None, "cores": cores, "prove": prove}
     target_info = {"kind": target.kind, "description": target.description, "num_samples": target.num_samples,
-                   "estimated": target.estimated, "sample_size": target.sample_size}
+                   "estimated": target.estimated, "sample_size": target.sample_size, "remote": target.remote}
     return DoctorReport(target_info, settings, storage, decode, stages, loaders, verdict, time.perf_counter() - started,
-                        notes, pack, proof, compute_cpu)
+                        notes, pack, proof, compute_cpu, remote)
 
 
 def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None) -> None:
@@ -174,13 +195,15 @@ def _compute(target: Target, transform: Callable | None, size: int, decode_mode:
     return decode, stages, [readable[j] for j in decoded], [b for j, b in enumerate(blobs) if names[j] not in refused]
 
 
-def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport | None, stages: list[StageRate],
-             loaders: list[LoaderRow], pack: PackProbe | None, cores: int, batch_size: int, size: int,
-             step_time: float | None, ssd: str | os.PathLike | None, user_transform: bool) -> Figures:
+def _figures(target: Target, storage: StorageReport | None, remote: RemoteReport | None, decode: DecodeReport | None,
+             stages: list[StageRate], loaders: list[LoaderRow], pack: PackProbe | None, cores: int, batch_size: int,
+             size: int, step_time: float | None, ssd: str | os.PathLike | None, user_transform: bool) -> Figures:
     """The verdict's inputs. A user's Dataset counts as all transform (its ``__getitem__``) on
     storage and decode that are not visible (infinite: not a limit the doctor can name). The
     disk's sequential rate is the shards' (packed data), else the sample pack's where it lies on
-    the data's disk, else that of large loose files."""
+    the data's disk, else that of large loose files. An object store's rate is that of one read
+    at a time (as ``stoker stage`` and the node cache's stager fetch), its rate with the proposed
+    reads in flight apart."""
     inf = float("inf")
     # The best DataLoader: by its rate on the cores it would have had alone (rows timed beside other
     # processes' work got different shares of the CPU; alone, this is the fastest row).
@@ -193,23 +216,32 @@ def _figures(target: Target, storage: StorageReport | None, decode: DecodeReport
         loader_workers=best.workers, loader_other_cores=_other_cores(best),
         available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
         user_transform=user_transform)
-    if storage is None or decode is None or pack is None:
+    if decode is None or pack is None or (storage is None and remote is None):
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
                        jpeg_share=0.0, megapixels=0.0, dataset_bytes=0.0)
+    compute: dict[str, Any] = dict(
+        decode_per_core=decode.pillow_per_core, jpeg_share=decode.jpeg_share, megapixels=decode.megapixels["p50"],
+        stoker_loader=pack.loader, stoker_loader_cold=pack.loader_cold, stoker_loader_transform=pack.loader_transform,
+        stoker_loader_gpu=pack.loader_gpu, stoker_loader_capped=pack.loader_capped, capped_side=decode.capped_side,
+        capped_bytes_share=decode.capped_bytes_share)
+    if remote is not None:
+        mean_bytes = remote.mean_item_bytes or pack.mean_bytes or 1.0
+        one = remote.levels[0].mb_per_s if remote.levels else remote.one_request_mb_per_s
+        return Figures(**common, **compute, storage_rate=one * 1e6 / mean_bytes, storage_concurrency=1,
+                       sequential_rate=None, dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
+                       object_store=ObjectStore(remote.images_per_s(remote.expected_mb_per_s), remote.reads_in_flight,
+                                                remote.read_bytes if remote.packed else 0, remote.first_byte_p50_ms,
+                                                remote.one_request_mb_per_s, remote.stage))
+    assert storage is not None
     cold = storage.cold_parallel or storage.cold
     mean_bytes = storage.mean_item_bytes or pack.mean_bytes or 1.0
     sequential_mb = storage.sequential_mb_per_s if not target.loose or not pack.same_device else pack.sequential_mb_per_s
     sequential = sequential_mb * 1e6 / mean_bytes if sequential_mb else None
     storage_rate = cold.per_second if target.loose or sequential is None else sequential
-    return Figures(**common, storage_rate=storage_rate, storage_concurrency=cold.concurrency, sequential_rate=sequential,
-                   decode_per_core=decode.pillow_per_core, jpeg_share=decode.jpeg_share,
-                   megapixels=decode.megapixels["p50"], dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
-                   stoker_loader=pack.loader, stoker_loader_cold=pack.loader_cold,
-                   stoker_loader_transform=pack.loader_transform, stoker_loader_gpu=pack.loader_gpu,
-                   stoker_loader_capped=pack.loader_capped,
-                   capped_side=decode.capped_side,
-                   capped_bytes_share=decode.capped_bytes_share,
-                   disk_shared=bool(storage.contention and storage.contention.shared), ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
+    return Figures(**common, **compute, storage_rate=storage_rate, storage_concurrency=cold.concurrency,
+                   sequential_rate=sequential, dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
+                   disk_shared=bool(storage.contention and storage.contention.shared),
+                   ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
 
 
 def _other_cores(row: LoaderRow) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import fsspec
 import numpy as np
 import torch.utils.data
 
@@ -24,6 +25,7 @@ from stoker.errors import StokerError
 from stoker.format import MANIFEST_NAME
 from stoker.sources import IMAGE_EXTENSIONS, read_path_list
 from stoker.sources.inputs import file_kind
+from stoker.storage.remote import is_url
 
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 
@@ -48,6 +50,13 @@ class Target:
     shard_files: list[str] = field(default_factory=list)
     dataset: Any = None
     left_out: list[str] = field(default_factory=list)  # sampled paths that are not regular files, and why
+    storage_options: dict[str, Any] | None = None  # fsspec's, for data at a URL
+    sizes: list[int] = field(default_factory=list)  # loose files at a URL: each one's bytes, as listed
+
+    @property
+    def remote(self) -> bool:
+        """The data lies at an fsspec URL (an object store), not in a local folder."""
+        return is_url(self.description)
 
     @property
     def loose(self) -> bool:
@@ -62,7 +71,14 @@ class Target:
     def subset(self, positions: list[int]) -> Target:
         """The same target with only the sampled items at ``positions`` (e.g. those that decode)."""
         return replace(self, paths=[self.paths[k] for k in positions] if self.loose else [],
+                       sizes=[self.sizes[k] for k in positions] if self.sizes else [],
                        indices=self.indices[positions] if not self.loose else self.indices)
+
+    def item_bytes(self) -> float:
+        """The mean stored bytes of an item: the shards' bytes per sample, or the sampled files' mean size."""
+        if self.kind == "packed":
+            return sum(entry.bytes for entry in self.dataset.shards.manifest.shards) / max(1, self.num_samples)
+        return float(np.mean(self.sizes)) if self.sizes else 0.0
 
     def files_read(self) -> list[str]:
         """The files the random-read probes touch: the sampled files, or the shards holding the sampled samples."""
@@ -83,6 +99,9 @@ class Target:
 
     def reader(self) -> Callable[[int], bytes]:
         """``read(i)``: the stored bytes of sampled item ``i`` (a whole file, or a shard member)."""
+        if self.loose and self.remote:
+            fs, _ = fsspec.core.url_to_fs(self.description, **(self.storage_options or {}))
+            return lambda i: fs.cat_file(fs._strip_protocol(self.paths[i]))  # noqa: SLF001 -- fsspec's own rule
         if self.loose:
             def read_file(i: int) -> bytes:
                 with open(self.paths[i], "rb", buffering=0) as f:
@@ -94,13 +113,17 @@ class Target:
 
 
 def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: int, seed: int = 0,
-                list_seconds: float = 5.0) -> Target:
+                list_seconds: float = 5.0, storage_options: dict[str, Any] | None = None) -> Target:
     """Sample up to ``sample`` items of ``source``: a folder (ImageFolder or flat), a path list
-    (``.csv``/``.tsv``/``.txt``), a packed stoker data set, or a map-style Dataset object. A
+    (``.csv``/``.tsv``/``.txt``), a packed stoker data set, or a map-style Dataset object; or at
+    an fsspec URL (``storage_options`` go to fsspec), a packed data set or a folder of images. A
     folder is listed for at most about ``list_seconds``."""
     rng = np.random.default_rng(seed)
     if isinstance(source, ShardDataset):  # stoker's own: its files are known
-        source = source.root
+        storage_options = source.shards.storage_options
+        source = source.shards.source
+    if isinstance(source, str) and is_url(source):
+        return _remote_target(source.rstrip("/"), sample, rng, list_seconds, storage_options)
     if isinstance(source, torch.utils.data.Dataset):
         if isinstance(source, torch.utils.data.IterableDataset) or not isinstance(source, Sized):
             raise StokerError(f"{type(source).__name__}: the doctor samples a map-style Dataset (one with __len__ and "
@@ -131,6 +154,43 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
     if path.is_file():
         raise StokerError(f"{path}: not a folder, a path list ({', '.join(LIST_SUFFIXES)}) or a packed data set")
     raise StokerError(f"{path}: no such folder, path list or packed data set")
+
+
+def _remote_target(url: str, sample: int, rng: np.random.Generator, list_seconds: float,
+                   storage_options: dict[str, Any] | None) -> Target:
+    """A packed data set at ``url`` (its manifest and indexes fetched as any reader fetches them),
+    or the image files below it, listed for at most about ``list_seconds``."""
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    try:
+        packed = fs.isfile(f"{root}/{MANIFEST_NAME}")
+    except OSError as e:
+        raise StokerError(f"{url}: cannot read it ({e})") from None
+    if packed:
+        dataset = ShardDataset(url, decode="raw", storage_options=storage_options)
+        if len(dataset) == 0:
+            raise StokerError(f"{url}: the packed data set is empty")
+        target = _dataset_target(dataset, sample, rng)
+        target.kind, target.description, target.storage_options = "packed", url, storage_options
+        target.shard_files = [f"{url}/{entry.name}" for entry in dataset.shards.manifest.shards]
+        return target
+    deadline = time.monotonic() + list_seconds
+    found: list[tuple[str, int]] = []
+    cut = False
+    try:
+        for directory, _, files in fs.walk(root, detail=True):
+            found.extend((f"{directory}/{name}", int(info.get("size") or 0)) for name, info in files.items()
+                         if name.lower().endswith(IMAGE_EXTENSIONS))
+            if cut := time.monotonic() > deadline:
+                break
+    except OSError as e:
+        raise StokerError(f"{url}: cannot list it ({e})") from None
+    if not found:
+        raise StokerError(f"{url}: no packed data set ({MANIFEST_NAME}) and no image files "
+                          f"({', '.join(IMAGE_EXTENSIONS)}) found" + (" before the listing budget ran out" if cut else ""))
+    chosen = rng.choice(len(found), size=min(sample, len(found)), replace=False)
+    protocol = url.split("://", 1)[0]
+    return Target("folder", url, len(found), cut, paths=[f"{protocol}://{found[i][0]}" for i in chosen],
+                  sizes=[found[i][1] for i in chosen], storage_options=storage_options)
 
 
 def _regular_files(paths: list[str]) -> tuple[list[str], list[str]]:

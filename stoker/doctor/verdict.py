@@ -16,6 +16,7 @@ from stoker.doctor.contention import SHARED_CORES
 from stoker.doctor.figures import Figures
 from stoker.doctor.numbers import rounded
 from stoker.doctor.remedies import Remedy, remedies
+from stoker.doctor.remote_probe import size_words
 
 # A DataLoader below this share of what its cores can decode and transform loses the rest to
 # inter-process copies, collation and too few workers. Measured here (2 cores, a costly transform
@@ -29,7 +30,7 @@ CONTENDED_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Verdict:
-    """The bottleneck (``storage``, ``decode``, ``transform``, ``loader overhead`` or ``none``)."""
+    """The bottleneck (``storage``, ``object store``, ``decode``, ``transform``, ``loader overhead`` or ``none``)."""
 
     bottleneck: str
     needed_images_per_s: float | None
@@ -65,7 +66,9 @@ def diagnose(f: Figures) -> Verdict:
     rates = {"storage": f.storage_rate, "decode": decode, "transform": transform, "cpu (decode + transform)": cpu,
              "loader": f.loader_rate}
     reasons = []
-    if math.isfinite(f.storage_rate):
+    if f.object_store is not None:
+        reasons.append(_object_store_reason(f))
+    elif math.isfinite(f.storage_rate):
         how = (f"cold random reads, {f.storage_concurrency} at a time" if f.loose or f.sequential_rate is None
                else "large sequential reads")
         reasons.append(f"storage delivers {f.storage_rate:,.0f} img/s ({how})")
@@ -88,7 +91,7 @@ def diagnose(f: Figures) -> Verdict:
         reasons.append(f"input delivers {delivered:,.0f} img/s, {delivered / needed:.1f}x what the GPU consumes: "
                        "input is not the bottleneck at this step time")
     elif f.storage_rate < f.loader_rate:
-        bottleneck = "storage"
+        bottleneck = "object store" if f.object_store is not None else "storage"
     elif _overhead(f, cpu, reasons):
         bottleneck = "loader overhead"
     else:
@@ -96,6 +99,16 @@ def diagnose(f: Figures) -> Verdict:
     found = [] if bottleneck == "none" else remedies(f, delivered, cpu, needed)
     return Verdict(bottleneck, needed, delivered, gpu_idle(delivered, f.batch_size, f.step_time), rates, reasons,
                    found)
+
+
+def _object_store_reason(f: Figures) -> str:
+    """What the object store delivers one read at a time and with the proposed reads in flight."""
+    o = f.object_store
+    assert o is not None
+    size = size_words(o.read_bytes)
+    return (f"the object store delivers {f.storage_rate:,.0f} img/s one read at a time (first byte after "
+            f"{o.first_byte_ms:.0f} ms, one request {o.one_request_mb_per_s:,.0f} MB/s) and {o.rate:,.0f} img/s "
+            f"with {o.in_flight} reads of {size} in flight")
 
 
 def _overhead(f: Figures, cpu: float, reasons: list[str]) -> bool:

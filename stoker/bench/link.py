@@ -1,0 +1,482 @@
+"""A shaped link to an object store, on loopback: an HTTP/1.1 proxy of ours in front of a local
+S3-compatible server (moto) that makes it answer as one far away on a misbehaving network.
+
+Per request it waits a set round trip (``delay``; a new connection waits one more, its
+handshake), sends response bytes no faster than ``rate`` bytes/s over the whole link (a token
+bucket shared by every connection), and injects faults at given rates (:class:`Faults`):
+connections reset mid-response, ``503 SlowDown`` and ``500 InternalError`` answers (S3's XML
+error bodies), bodies cut short (the full Content-Length promised, fewer bytes sent, the
+connection closed). :meth:`ShapedLink.stop` takes the server "down" (connections refused and
+open ones reset) until :meth:`ShapedLink.start`. Which request gets a fault is a pure function of
+``seed``, the request (method, path, Range) and how many times that request came before, so a
+run's faults do not depend on thread timing. No tc/netem, no root: traffic stays on 127.0.0.1.
+
+:class:`ShapedLink` runs on threads of the calling process (tests); :func:`start_link_process`
+runs one in a process of its own with the same methods (benchmarks: the proxy's threads then do
+not take the measured process's GIL)::
+
+    python -m stoker.bench.link UPSTREAM_PORT --delay-ms 20 --rate-mbit 1000 --reset 0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+FAULT_KINDS = ("reset", "slow_down", "error", "cut")
+_PIECE = 64 << 10  # response bytes sent per token-bucket draw
+_BURST = 256 << 10  # bytes an idle link may send at once
+_ERRORS = {"slow_down": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+           "error": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again.")}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Per-request fault rates (each in [0, 1], summing to at most 1): ``reset`` (the connection
+    reset partway through the response body), ``slow_down`` (503 SlowDown), ``error`` (500
+    InternalError), ``cut`` (the body cut short after its headers promised all of it, then the
+    connection closed)."""
+
+    reset: float = 0.0
+    slow_down: float = 0.0
+    error: float = 0.0
+    cut: float = 0.0
+
+    def __post_init__(self) -> None:
+        rates = dataclasses.astuple(self)
+        if any(not 0.0 <= r <= 1.0 for r in rates) or sum(rates) > 1.0:
+            raise ValueError(f"fault rates must lie in [0, 1] and sum to at most 1, got {self}")
+
+
+class ShapedLink:
+    """Listens on ``127.0.0.1:port`` (a free one by default; :attr:`url`) and forwards HTTP/1.1 to
+    ``127.0.0.1:upstream_port``, shaped: ``delay`` seconds per request (and per new connection),
+    response bytes at most ``rate`` bytes/s (None: unlimited), ``faults`` drawn with ``seed``.
+    Counts requests, connections, response body bytes sent and each fault (:meth:`counts`)."""
+
+    def __init__(self, upstream_port: int, *, delay: float = 0.0, rate: float | None = None,
+                 faults: Faults = Faults(), seed: int = 0, port: int = 0) -> None:
+        self.upstream_port = upstream_port
+        self.delay, self.faults, self.seed = delay, faults, seed
+        self._bucket = _Bucket(rate)
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("requests", "connections", "body_bytes", *FAULT_KINDS), 0)
+        self._seen: dict[bytes, int] = {}
+        self._injected: list[str] = []
+        self._clients: set[socket.socket] = set()
+        self._server: socket.socket | None = None
+        self.port = port
+        self.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def counts(self) -> dict[str, int]:
+        """Requests, connections, response body bytes sent, and how many of each fault so far."""
+        with self._lock:
+            return dict(self._counts)
+
+    def inject(self, *kinds: str) -> None:
+        """The next requests get these faults, one each, in order (before any drawn at random)."""
+        unknown = set(kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+        with self._lock:
+            self._injected.extend(kinds)
+
+    def set_faults(self, faults: Faults) -> None:
+        """Draw from these rates from now on."""
+        self.faults = faults
+
+    def stop(self) -> None:
+        """The server goes down: new connections are refused, open ones are reset."""
+        with self._lock:
+            server, self._server = self._server, None
+            clients, self._clients = self._clients, set()
+        if server is not None:
+            try:  # wakes the thread blocked in accept(); a close alone would leave the port listening
+                server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            server.close()
+        for client in clients:
+            _reset(client)
+
+    def start(self) -> None:
+        """The server is back: listen on the same port again (no-op when listening)."""
+        with self._lock:
+            if self._server is not None:
+                return
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", self.port))
+            server.listen(128)
+            self.port = server.getsockname()[1]
+            self._server = server
+        threading.Thread(target=self._accept, args=(server,), name="stoker-link-accept", daemon=True).start()
+
+    def down(self, seconds: float) -> None:
+        """Stop now and start again after ``seconds`` (in the background)."""
+        self.stop()
+        timer = threading.Timer(seconds, self.start)
+        timer.daemon = True
+        timer.start()
+
+    def close(self) -> None:
+        """Stop for good."""
+        self.stop()
+
+    def __enter__(self) -> ShapedLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:  # closed by stop()
+                return
+            with self._lock:
+                if self._server is not server:
+                    _reset(client)
+                    return
+                self._clients.add(client)
+                self._counts["connections"] += 1
+            threading.Thread(target=self._serve, args=(client,), name="stoker-link", daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        """Requests of one client connection, one at a time, each over this connection's own upstream one."""
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        upstream: socket.socket | None = None
+        from_upstream: IO[bytes] | None = None
+        from_client = client.makefile("rb")
+        try:
+            time.sleep(self.delay)  # the handshake's round trip
+            while True:
+                head = _read_head(from_client)
+                if head is None:
+                    return
+                request_line, headers = _parse_head(head)
+                method, target = request_line.split(b" ")[:2]
+                if headers.get(b"expect", b"").lower() == b"100-continue":  # answered here; the server sees none
+                    client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    head = _without_header(head, b"expect")
+                body = _read_body(from_client, headers, has_body=True)
+                fault, fraction = self._draw(method, target, headers.get(b"range", b""))
+                time.sleep(self.delay)
+                if fault in _ERRORS:
+                    self._answer_error(client, fault, method, target)
+                    continue
+                if upstream is None:
+                    upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+                    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    from_upstream = upstream.makefile("rb")
+                upstream.sendall(head + body)
+                assert from_upstream is not None
+                client_open, upstream_open = self._relay(client, from_upstream, method, fault, fraction)
+                if not upstream_open:
+                    from_upstream.close()
+                    upstream.close()
+                    upstream = from_upstream = None
+                if not client_open:
+                    return
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._clients.discard(client)
+            from_client.close()
+            if upstream is not None:
+                upstream.close()
+            client.close()
+
+    def _relay(self, client: socket.socket, from_upstream: IO[bytes], method: bytes, fault: str | None,
+               fraction: float) -> tuple[bool, bool]:
+        """Pass one response on, shaped (and cut or reset by ``fault``): whether the client
+        connection stays open, and whether the upstream one does. A server that closes after each
+        answer (moto's does) still looks like a keep-alive store to the client: only the upstream
+        connection is made again, on loopback, unshaped."""
+        head = _read_head(from_upstream)
+        if head is None:
+            raise ConnectionError("upstream closed the connection")
+        status_line, headers = _parse_head(head)
+        status = int(status_line.split(b" ")[1])
+        has_body = method != b"HEAD" and status >= 200 and status not in (204, 304)
+        length = int(headers[b"content-length"]) if b"content-length" in headers else None
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        upstream_open = headers.get(b"connection", b"").lower() != b"close"
+        if not has_body or length is None or length == 0 or chunked:
+            fault = None  # only a body of known length is cut or reset
+        head = _without_header(head, b"connection")
+        self._bucket.take(len(head))
+        client.sendall(head)
+        if not has_body:
+            return True, upstream_open
+        if chunked or length is None:  # framed by chunks, or by the end of the connection
+            body = _read_body(from_upstream, headers, has_body=True) if chunked else from_upstream.read()
+            for start in range(0, len(body), _PIECE):
+                self._send(client, body[start : start + _PIECE])
+            return chunked, chunked and upstream_open
+        stop_at = length if fault is None else min(length - 1, int(length * fraction))
+        sent = 0
+        while sent < stop_at:
+            piece = from_upstream.read(min(_PIECE, stop_at - sent))
+            if not piece:
+                raise ConnectionError("upstream closed the connection mid-body")
+            self._send(client, piece)
+            sent += len(piece)
+        if fault == "reset":  # closed by _serve: with no linger, the close sends a reset
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False, False
+        if fault == "cut":
+            client.shutdown(socket.SHUT_RDWR)
+            return False, False
+        return True, upstream_open
+
+    def _send(self, client: socket.socket, piece: bytes) -> None:
+        self._bucket.take(len(piece))
+        client.sendall(piece)
+        with self._lock:
+            self._counts["body_bytes"] += len(piece)
+
+    def _draw(self, method: bytes, target: bytes, byte_range: bytes) -> tuple[str | None, float]:
+        """This request's fault (or None) and where in the body a cut or reset falls (a fraction)."""
+        key = b" ".join((method, target, byte_range))
+        with self._lock:
+            self._counts["requests"] += 1
+            nth = self._seen.get(key, 0)
+            self._seen[key] = nth + 1
+            injected = self._injected.pop(0) if self._injected else None
+        digest = hashlib.blake2b(key + struct.pack("<qq", self.seed, nth), digest_size=16).digest()
+        draw, where = (v / 2.0**64 for v in struct.unpack("<QQ", digest))
+        fraction = 0.1 + 0.8 * where
+        fault = injected
+        if fault is None:
+            edge = 0.0
+            for kind, rate in zip(FAULT_KINDS, dataclasses.astuple(self.faults), strict=True):
+                edge += rate
+                if draw < edge:
+                    fault = kind
+                    break
+        if fault is not None:
+            with self._lock:
+                self._counts[fault] += 1
+        return fault, fraction
+
+    def _answer_error(self, client: socket.socket, fault: str, method: bytes, target: bytes) -> None:
+        """S3's answer for ``fault`` (503 SlowDown or 500 InternalError), with its XML body."""
+        status, reason, code, message = _ERRORS[fault]
+        resource = target.split(b"?")[0].decode("latin-1")
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+                f"<Resource>{resource}</Resource><RequestId>stoker-link</RequestId></Error>").encode()
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {0 if method == b'HEAD' else len(body)}\r\nx-amz-request-id: stoker-link\r\n\r\n")
+        client.sendall(head.encode() + (b"" if method == b"HEAD" else body))
+
+
+class _Bucket:
+    """A token bucket: :meth:`take` waits until ``n`` more bytes fit under ``rate`` bytes/s
+    (an idle link may send :data:`_BURST` bytes at once)."""
+
+    def __init__(self, rate: float | None) -> None:
+        if rate is not None and rate <= 0:
+            raise ValueError(f"rate must be positive bytes/s or None, got {rate}")
+        self.rate = rate
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(self._free_at, now - _BURST / self.rate) + n / self.rate
+            wait = self._free_at - now
+        if wait > 0:
+            time.sleep(wait)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a TCP reset (SO_LINGER 0), as a dropped connection looks to the peer.
+    The shutdown ends it now even while a file made by makefile() holds the descriptor open (the
+    reset then goes out when the serving thread closes that file)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def _read_head(stream: IO[bytes]) -> bytes | None:
+    """A message's start line and headers up to the blank line; None at a clean end of stream."""
+    lines: list[bytes] = []
+    while True:
+        line = stream.readline(65536)
+        if not line:
+            if lines:
+                raise ConnectionError("connection closed inside a message head")
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n") and len(lines) > 1:
+            return b"".join(lines)
+        if line in (b"\r\n", b"\n"):
+            lines.clear()  # a stray blank line between messages
+
+
+def _parse_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    first, *rest = head.split(b"\r\n")
+    headers = {}
+    for line in rest:
+        name, sep, value = line.partition(b":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return first, headers
+
+
+def _without_header(head: bytes, name: bytes) -> bytes:
+    lines = head.split(b"\r\n")
+    return b"\r\n".join(line for line in lines if line.partition(b":")[0].strip().lower() != name)
+
+
+def _read_body(stream: IO[bytes], headers: dict[bytes, bytes], has_body: bool) -> bytes:
+    """A message body as it came (chunked framing kept): by Content-Length, chunked, or none."""
+    if not has_body:
+        return b""
+    if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+        parts = []
+        while True:
+            size_line = stream.readline(65536)
+            parts.append(size_line)
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while (trailer := stream.readline(65536)) not in (b"\r\n", b"\n", b""):
+                    parts.append(trailer)
+                parts.append(b"\r\n")
+                return b"".join(parts)
+            parts.append(stream.read(size + 2))
+    if b"content-length" in headers:
+        return stream.read(int(headers[b"content-length"]))
+    return b""
+
+
+class LinkProcess:
+    """A :class:`ShapedLink` in a child process (see :func:`start_link_process`): the same
+    methods, sent over its stdin and answered on its stdout."""
+
+    def __init__(self, process: subprocess.Popen, url: str) -> None:
+        self.process, self.url = process, url
+        self.port = int(url.rsplit(":", 1)[1])
+        self._lock = threading.Lock()
+
+    def counts(self) -> dict[str, int]:
+        """As :meth:`ShapedLink.counts`."""
+        return self._call("counts")
+
+    def inject(self, *kinds: str) -> None:
+        """As :meth:`ShapedLink.inject`."""
+        self._call("inject", *kinds)
+
+    def set_faults(self, faults: Faults) -> None:
+        """As :meth:`ShapedLink.set_faults`."""
+        self._call("set_faults", dataclasses.asdict(faults))
+
+    def stop(self) -> None:
+        """As :meth:`ShapedLink.stop`."""
+        self._call("stop")
+
+    def start(self) -> None:
+        """As :meth:`ShapedLink.start`."""
+        self._call("start")
+
+    def down(self, seconds: float) -> None:
+        """As :meth:`ShapedLink.down`."""
+        self._call("down", seconds)
+
+    def close(self) -> None:
+        """End the process."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> LinkProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, command: str, *args: Any) -> Any:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with self._lock:
+            self.process.stdin.write(json.dumps([command, *args]) + "\n")
+            self.process.stdin.flush()
+            reply = json.loads(self.process.stdout.readline() or "null")
+        if not isinstance(reply, dict) or "error" in (reply or {}):
+            raise RuntimeError(f"link process: {command} failed: {reply}")
+        return reply["result"]
+
+
+def start_link_process(upstream_port: int, *, delay: float = 0.0, rate: float | None = None,
+                       faults: Faults = Faults(), seed: int = 0) -> LinkProcess:
+    """A :class:`ShapedLink` (same arguments) in a process of its own; call ``close()`` at the end."""
+    args = [sys.executable, "-m", "stoker.bench.link", str(upstream_port), "--delay-ms", str(delay * 1e3),
+            "--seed", str(seed), *(["--rate-mbit", str(rate * 8 / 1e6)] if rate is not None else [])]
+    for kind, value in dataclasses.asdict(faults).items():
+        args += [f"--{kind.replace('_', '-')}", str(value)]
+    process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    if not url.startswith("http://"):
+        process.kill()
+        raise RuntimeError(f"link process did not start (exit status {process.wait()})")
+    return LinkProcess(process, url)
+
+
+def _serve_commands(link: ShapedLink) -> None:
+    """Answer :class:`LinkProcess`'s commands (JSON lines on stdin) until stdin closes."""
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        try:
+            if command == "set_faults":
+                args = [Faults(**args[0])]
+            result = getattr(link, command)(*args) if command in _COMMANDS else None
+            reply: dict[str, Any] = {"result": result} if command in _COMMANDS else {"error": f"unknown {command}"}
+        except Exception as e:  # noqa: BLE001 -- reported to the parent, which raises
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(reply), flush=True)
+    link.close()
+
+
+_COMMANDS = {"counts", "inject", "set_faults", "stop", "start", "down"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("upstream_port", type=int)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--rate-mbit", type=float, default=None, help="response bytes, in Mbit/s (default: unlimited)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0)
+    for kind in FAULT_KINDS:
+        parser.add_argument(f"--{kind.replace('_', '-')}", type=float, default=0.0, help=f"rate of '{kind}' faults")
+    args = parser.parse_args()
+    faults = Faults(**{kind: getattr(args, kind) for kind in FAULT_KINDS})
+    rate = args.rate_mbit * 1e6 / 8 if args.rate_mbit is not None else None
+    link = ShapedLink(args.upstream_port, delay=args.delay_ms / 1e3, rate=rate, faults=faults, seed=args.seed,
+                      port=args.port)
+    print(link.url, flush=True)
+    _serve_commands(link)
+
+
+if __name__ == "__main__":
+    main()

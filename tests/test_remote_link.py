@@ -1,0 +1,88 @@
+"""The shaped link (stoker.bench.link) in front of the real moto server: what passes is byte-exact,
+each fault looks on the wire as the issue describes it, faults follow the seed, and a stopped
+link refuses connections until it starts again."""
+
+from __future__ import annotations
+
+import http.client
+
+import pytest
+
+from stoker.bench.link import Faults, ShapedLink, start_link_process
+
+OBJECT = bytes(range(256)) * 4096  # 1 MiB
+# moto answers 403 to a request without credentials; it checks no signature
+AUTH = "AWS4-HMAC-SHA256 Credential=testing/20260101/eu-west-1/s3/aws4_request, SignedHeaders=host, Signature=0"
+
+
+@pytest.fixture(scope="module")
+def bucket(s3) -> str:
+    s3.fs.mkdir("link")
+    s3.fs.pipe("link/object", OBJECT)
+    return "/link/object"
+
+
+def get(link, path: str, byte_range: str | None = None) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection("127.0.0.1", link.port, timeout=10)
+    connection.request("GET", path, headers={"Authorization": AUTH, **({"Range": byte_range} if byte_range else {})})
+    return connection.getresponse()
+
+
+def test_bytes_pass_unchanged_and_are_counted(s3, bucket):
+    with ShapedLink(s3.port, delay=0.005, rate=50e6) as link:
+        assert get(link, bucket).read() == OBJECT
+        assert get(link, bucket, "bytes=10-99").read() == OBJECT[10:100]
+        counts = link.counts()
+    assert counts["requests"] == 2 and counts["body_bytes"] == len(OBJECT) + 90
+    assert sum(counts[kind] for kind in ("reset", "slow_down", "error", "cut")) == 0
+
+
+def test_each_fault_as_the_client_sees_it(s3, bucket):
+    with ShapedLink(s3.port) as link:
+        link.inject("slow_down", "error", "cut", "reset")
+        answer = get(link, bucket)
+        assert answer.status == 503 and b"<Code>SlowDown</Code>" in answer.read()
+        answer = get(link, bucket)
+        assert answer.status == 500 and b"<Code>InternalError</Code>" in answer.read()
+        answer = get(link, bucket)
+        assert answer.status == 200 and int(answer.getheader("Content-Length")) == len(OBJECT)
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            answer.read()
+        assert 0 < len(cut.value.partial) < len(OBJECT) and OBJECT.startswith(cut.value.partial)
+        with pytest.raises(ConnectionResetError):
+            get(link, bucket).read()
+        assert get(link, bucket).read() == OBJECT  # nothing left injected
+        assert link.counts() | {"connections": 0, "body_bytes": 0} == {
+            "requests": 5, "connections": 0, "body_bytes": 0, "reset": 1, "slow_down": 1, "error": 1, "cut": 1}
+
+
+def fault_pattern(s3, bucket, seed: int) -> list[int]:
+    """Which of 40 distinct ranged GETs failed (any fault), with 30% of requests faulted."""
+    with ShapedLink(s3.port, faults=Faults(slow_down=0.15, error=0.15), seed=seed) as link:
+        return [get(link, bucket, f"bytes={i}-{i + 9}").status for i in range(40)]
+
+
+def test_faults_follow_the_seed(s3, bucket):
+    first = fault_pattern(s3, bucket, seed=1)
+    assert first == fault_pattern(s3, bucket, seed=1)
+    assert first != fault_pattern(s3, bucket, seed=2)
+    assert {206, 500, 503} == set(first)
+
+
+def test_a_stopped_link_refuses_until_started(s3, bucket):
+    link = start_link_process(s3.port, delay=0.001)  # the benchmarks' form: same methods, another process
+    try:
+        kept = http.client.HTTPConnection("127.0.0.1", link.port, timeout=10)
+        kept.request("GET", bucket, headers={"Authorization": AUTH, "Range": "bytes=0-9"})
+        assert kept.getresponse().read() == OBJECT[:10]
+        link.stop()
+        with pytest.raises(ConnectionRefusedError):
+            get(link, bucket)
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):  # open connections end too
+            kept.request("GET", bucket, headers={"Authorization": AUTH})
+            kept.getresponse()
+        link.start()
+        assert get(link, bucket, "bytes=0-9").read() == OBJECT[:10]
+        assert link.counts()["requests"] == 2
+    finally:
+        link.close()
