@@ -3,6 +3,7 @@
     stoker pack SRC DST  ──>  DST/stoker.json + shard-*.tar + shard-*.idx
     ShardDataset(DST)    ──>  (image, label) items for torch.utils.data.DataLoader
     QuasiRandomSampler   ──>  a shuffle that reads each block of a shard once, in one piece
+    Mix({name: ds}, w)   ──>  several data sets as one, each batch stratified to the weights
     Loader(dataset, B)   ──>  (images, labels) batches decoded and cropped by threads
     loader_for(PATH, T)  ──>  a Loader from a folder (packed once), an ImageFolder and its torchvision transform
     doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
@@ -25,6 +26,7 @@ from stoker.version import __version__
 _EXPORTS = {
     "ShardDataset": "stoker.data.dataset",
     "QuasiRandomSampler": "stoker.data.sampler",
+    "Mix": "stoker.data.mix",
     "DoctorReport": "stoker.doctor",
     "doctor": "stoker.doctor",
     "watch": "stoker.watch",  # its own module: wrapping a DataLoader imports neither the doctor nor the decoder
@@ -45,6 +47,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from stoker.data.dataset import ShardDataset
+    from stoker.data.mix import Mix
     from stoker.data.sampler import QuasiRandomSampler
     from stoker.doctor import DoctorReport, doctor
     from stoker.echo import EchoStats, echo
@@ -94,6 +97,7 @@ __all__ = [
     "EchoStats",
     "FormatError",
     "Loader",
+    "Mix",
     "OptionError",
     "PackError",
     "PackResult",

@@ -17,12 +17,14 @@ A reader's state is a :class:`Position`: which data set (its manifest's digest),
 world size and per-rank batch size it was saved with, what determines the order (``order``; for
 ``quasi_random`` its ``window`` and block layout; ``drop_last``; a mixture's ``mix``), and how many
 samples of the epoch's global sequence the training loop has consumed across all ranks
-(``samples_done``; a mixture adds each source's count, ``consumed``). The sequence is the same for
-any world size (stoker/data/epoch.py), so rank 0's position serves every rank, and a position saved
-on W ranks resumes on W' ranks (:meth:`Position.check_fits`): with the same global batch (each
-rank's batch is ``W * batch_size / W'``) or with the same per-rank batch. Loading a position saved
-for another data set, order or kind of reader, or with a batch size that keeps neither, raises
-:class:`StateError` naming both values. Another seed is not refused: the state's seed is taken, so
+(``samples_done``; a mixture adds each source's count, ``consumed``, from which its sequence goes
+on). The sequence is the same for any world size (stoker/data/epoch.py), so rank 0's position
+serves every rank, and a position saved on W ranks resumes on W' ranks (:meth:`Position.check_fits`):
+with the same global batch (each rank's batch is ``W * batch_size / W'``) or with the same per-rank
+batch. Loading a position saved for another data set, order or kind of reader, or with a batch
+size that keeps neither, raises :class:`StateError` naming both values; a mixture saved with other
+weights or options starts a new mix instead, with a :class:`StateWarning` (:meth:`Position.resumed_by`).
+Another seed is not refused: the state's seed is taken, so
 the resumed run goes on with the saved run's order and crops, and a :class:`StateWarning` names both
 seeds. Positions of format version 2 counted one rank's share: those saved on one rank are read
 as they are; those of several ranks, and version 1 ones, are refused with how to restart the epoch.
@@ -36,7 +38,7 @@ which the wrappers (stoker.echo, stoker.watch) supply themselves (see :func:`sta
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
@@ -206,6 +208,9 @@ class Position:
                 raise StateError(f"{name} cannot load this state: consumed={consumed!r} must be None or a "
                                  "list of per-source counts")
             consumed = tuple(checked(part, "consumed", count, COUNT) for count in consumed)
+            if mix is None or sum(consumed) != values["samples_done"]:
+                raise StateError(f"{name} cannot load this state: consumed={list(consumed)!r} must count a "
+                                 f"mixture's samples_done={values['samples_done']!r} per source (mix={mix!r})")
         return cls(
             part=part,
             dataset=values["dataset"],
@@ -239,6 +244,23 @@ class Position:
                           f"it takes seed {self.seed}, so the resumed run goes on with the saved run's order and crops",
                           StateWarning, stacklevel=3)
         return mode
+
+    def resumed_by(self, current: Position) -> tuple[Position, str]:
+        """Where a reader at ``current`` resumes from this saved position, and how (see
+        :meth:`check_fits`, which refuses what does not fit). A mixture saved with other weights or
+        options (``mix``) starts a new mix instead, with a StateWarning naming both: at the start
+        of the saved epoch when nothing of it was consumed, else at the start of the next (the rest
+        of the saved epoch, drawn with the old weights, is not read)."""
+        if self.mix is None or current.mix is None or self.mix == current.mix:
+            return self, self.check_fits(current)
+        epoch = self.epoch + (self.samples_done > 0)
+        fresh = replace(self, epoch=epoch, world_size=current.world_size, rank=current.rank,
+                        batch_size=current.batch_size, samples_done=0, mix=current.mix, consumed=None)
+        fresh.check_fits(current)
+        skipped = f" (the rest of epoch {self.epoch} is not read)" if epoch != self.epoch else ""
+        warnings.warn(f"the state was saved for a mix of {self.mix}; {_PART_NAMES[current.part]} has {current.mix}: "
+                      f"a new mix starts at epoch {epoch}{skipped}", StateWarning, stacklevel=3)
+        return fresh, "new mix"
 
 
 def resume_mode(saved_world: int, saved_batch: int, world: int, batch: int, reader: str = "the reader") -> str:
@@ -282,8 +304,6 @@ def _from_version_2(state: dict[str, Any], name: str) -> dict[str, Any]:
 # (World size and batch size may differ: see resume_mode.)
 _MUST_MATCH = (
     ("dataset", "another data set", ""),
-    ("mix", "another mixture", ": a mixture of other sources, sizes, weights or options starts a new mix: "
-     "call set_epoch() to start an epoch of it"),
     ("order", "another order", ": build it with the same order= (a QuasiRandomSampler: shuffle=True is "
      "'quasi_random', shuffle=False 'sequential')"),
     ("window", "another window", ": build it with the same window= (a node cache's cache_limit can lower it)"),

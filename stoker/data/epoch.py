@@ -15,8 +15,11 @@ most one; with fewer samples left than ranks, the last ranks end the epoch one s
 ``drop_last`` it is dropped, so every rank makes the same number of steps.
 
 stoker.Loader and QuasiRandomSampler both read their epochs from here. An :class:`EpochOrder` is
-what decides the sequence: :class:`BlockOrder` over one data set's blocks; a mixture of data sets
-provides its own. Everything but :func:`resolve_rank` is a pure function of its arguments.
+what decides the sequence: :class:`BlockOrder` over one data set's blocks (the same whatever the
+chunks); a mixture of data sets (:class:`stoker.data.mix_plan.MixOrder`) stratifies each chunk,
+including the short ones at the epoch's end, so its sequence from ``start`` also depends on the
+chunks the rest is dealt in and on each source's samples consumed before ``start`` (a resume
+state records them). Everything but :func:`resolve_rank` is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -43,12 +46,19 @@ class EpochOrder(Protocol):
     def __len__(self) -> int:
         """Samples per epoch (the length of the whole sequence)."""
 
-    def sequence(self, seed: int, epoch: int, start: int, batch_size: int) -> np.ndarray:
-        """The sample indices of ``epoch`` at positions ``start``, ``start + 1``, ... to its end
-        (int64; ``start`` from 0 to ``len(self)``). ``batch_size`` is the global batch the rest will
-        be read in (all ranks together), for orders whose batches must each hold something (a
-        stratified mixture); an order may ignore it. ``sequence(s, e, 0, b)[start:]`` must equal
-        ``sequence(s, e, start, b)`` when ``start`` is a multiple of ``b``."""
+    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
+                 consumed: tuple[int, ...] | None) -> np.ndarray:
+        """The sample indices of ``epoch`` at positions ``start``, ``start + 1``, ... (int64), as many
+        as ``chunks`` holds: the sizes of the consecutive chunks (ranks' batches) the rest will be read
+        in (see :meth:`RankBatches.chunks`), for orders whose every chunk must hold something (a
+        stratified mixture); an order may ignore them. ``consumed``: a mixture's samples of each
+        source before ``start`` (None at 0, and for one data set). For the chunks of a whole pass,
+        ``sequence(s, e, 0, chunks, None)[start:]`` equals ``sequence(s, e, start, chunks[k:], c)``
+        where ``start`` is the end of ``chunks[:k]`` and ``c`` the counts of its samples."""
+
+    def tally(self, indices: np.ndarray, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> np.ndarray | None:
+        """For a mixture: each source's samples consumed at the start (``consumed``) and at the end
+        of each chunk of ``indices`` (a :meth:`sequence`; int64, chunks + 1 rows); None for one data set."""
 
 
 def epoch_sequence(bounds: np.ndarray, order: Order, window: int, seed: int, epoch: int) -> np.ndarray:
@@ -75,9 +85,14 @@ class BlockOrder:
     def __len__(self) -> int:
         return int(self.bounds[-1])
 
-    def sequence(self, seed: int, epoch: int, start: int, batch_size: int) -> np.ndarray:
-        """See :meth:`EpochOrder.sequence` (``batch_size`` does not change a data set's order)."""
-        return epoch_sequence(self.bounds, self.order, self.window, seed, epoch)[start:]
+    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
+                 consumed: tuple[int, ...] | None) -> np.ndarray:
+        """See :meth:`EpochOrder.sequence` (chunks do not change a data set's order)."""
+        return epoch_sequence(self.bounds, self.order, self.window, seed, epoch)[start : start + int(chunks.sum())]
+
+    def tally(self, indices: np.ndarray, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> None:
+        """One data set: no sources to count."""
+        return None
 
     def settings(self) -> tuple[int | None, str | None]:
         """What besides seed and epoch decides the sequence, as a resume state records it: for
@@ -122,6 +137,16 @@ class RankBatches:
         base, extra = divmod(left, self.world_size)
         return self.origin + full * per_global + self.rank * base + min(self.rank, extra)
 
+    def chunks(self) -> np.ndarray:
+        """The sizes of the pass's chunks in the order they are dealt (chunk k: rank k % world_size's
+        batch k // world_size): whole ones of ``batch_size``, then a short last global batch's
+        near-even parts (a rank with none has no chunk)."""
+        per_global = self.world_size * self.batch_size
+        full, left = divmod(self.end - self.origin, per_global)
+        base, extra = divmod(left, self.world_size)
+        last = base + (np.arange(self.world_size) < extra)
+        return np.concatenate([np.full(full * self.world_size, self.batch_size), last[last > 0]]).astype(np.int64)
+
     def samples_done(self, batches: int) -> int:
         """Samples of the epoch consumed (all ranks) once rank 0 has made ``batches`` batches of the
         pass (every rank steps with it; rank 0 has the most batches)."""
@@ -146,16 +171,26 @@ class EpochPlan:
     epoch: int
     share: np.ndarray  # this rank's sample indices for the pass, batch after batch (batch b: share[b*B:(b+1)*B])
     batches: RankBatches
+    tally: np.ndarray | None = None  # a mixture's samples of each source consumed at each chunk's end (row 0: the start)
+
+    def consumed(self, batches: int) -> tuple[int, ...] | None:
+        """A mixture's samples of each source consumed (all ranks) once rank 0 has made ``batches``
+        batches of the pass, at :meth:`RankBatches.samples_done`; None for one data set."""
+        if self.tally is None:
+            return None
+        return tuple(int(n) for n in self.tally[min(batches * self.batches.world_size, len(self.tally) - 1)])
 
 
 def plan_epoch(order: EpochOrder, *, seed: int, epoch: int, start: int, world_size: int, rank: int,
-               batch_size: int, drop_last: bool) -> EpochPlan:
+               batch_size: int, drop_last: bool, consumed: tuple[int, ...] | None = None) -> EpochPlan:
     """The pass of rank ``rank`` of ``world_size`` over ``epoch`` from global position ``start`` (the
-    samples of the epoch consumed across all ranks), ``batch_size`` samples per rank and batch."""
+    samples of the epoch consumed across all ranks; for a mixture, ``consumed`` of each source),
+    ``batch_size`` samples per rank and batch."""
     batches = rank_batches(len(order), start=start, world_size=world_size, rank=rank, batch_size=batch_size,
                            drop_last=drop_last)
-    rest = order.sequence(seed, epoch, start, world_size * batch_size)
-    return EpochPlan(epoch, rest[batches.positions() - start], batches)
+    chunks = batches.chunks()
+    rest = order.sequence(seed, epoch, start, chunks, consumed)
+    return EpochPlan(epoch, rest[batches.positions() - start], batches, order.tally(rest, chunks, consumed))
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

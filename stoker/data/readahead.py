@@ -5,6 +5,8 @@ reads; this module decides what to read next."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from stoker.data.order import block_bounds, block_schedule, shard_schedule
@@ -66,6 +68,19 @@ class BlockReadahead:
         order works on data already read while the disk reads the rest."""
         blocks = np.searchsorted(self.bounds, indices, side="right") - 1
         return np.lexsort((indices, self._hint_rank[blocks]))
+
+
+class ReadsAhead(Protocol):
+    """What a reader drives as it consumes an order: :class:`Lookahead`, or a Mix's (one per source)."""
+
+    def advance(self, position: int) -> None:
+        """The reader is about to read ``order[position:]``."""
+
+    def arrival_order(self, indices: np.ndarray) -> np.ndarray:
+        """Positions of ``indices`` in the order their bytes arrive."""
+
+    def close(self) -> None:
+        """Stop staging."""
 
 
 class Lookahead:

@@ -10,7 +10,9 @@ import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import BlockOrder, EpochPlan, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
+from stoker.data.mix import Mix
+from stoker.data.mix_plan import MixOrder
+from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
@@ -42,11 +44,14 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     a stager copies whole shards into it in the order the sampler will need them instead.
     Mixing is weaker than a full shuffle when the pack kept samples sorted by class: pack with
     ``--shuffle-seed`` or raise ``window`` (see :func:`stoker.data.order.classes_per_batch`).
+
+    Over a :class:`stoker.Mix`, give ``batch_size`` (the DataLoader's): each rank's batch is
+    stratified to the mix's weights, and the state counts each source's samples consumed too.
     """
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: ShardDataset | Mix,
         *,
         window: int = 16,
         seed: int = 0,
@@ -55,16 +60,18 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         rank: int | None = None,
         drop_last: bool = False,
         readahead: bool = True,
-        batch_size: int = 1,
+        batch_size: int | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
+        if batch_size is None and isinstance(dataset, Mix):
+            raise ValueError("QuasiRandomSampler over a Mix needs batch_size= (the DataLoader's): each batch is "
+                             "stratified to the mix's weights")
+        batch_size = 1 if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.rank, self.num_replicas = resolve_rank(rank, num_replicas)
-        self.shards = dataset.shards
-        self.bounds = block_bounds_of(self.shards)
-        self.window = open_blocks(self.shards, window)
+        self.dataset = dataset
         self.seed = SEED.check(seed)
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -73,14 +80,25 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.epoch = 0
         self._pass_start = 0  # samples of this epoch consumed (all ranks) before the pass: after load_state_dict, not 0
         self._pass_done = False  # the pass reached the end (DataLoader workers may still be delivering it)
-        self._order = BlockOrder(self.bounds, "quasi_random" if shuffle else "sequential", self.window)
+        self._order: BlockOrder | MixOrder
+        if isinstance(dataset, Mix):
+            self.window = window
+            self._order = dataset.epoch_order("quasi_random" if shuffle else "sequential", window)
+            self._dataset = dataset.digest()
+        else:
+            self.shards = dataset.shards
+            self.bounds = block_bounds_of(self.shards)
+            self.window = open_blocks(self.shards, window)
+            self._order = BlockOrder(self.bounds, "quasi_random" if shuffle else "sequential", self.window)
+            self._dataset = self.shards.manifest.digest()
         self.total_samples = len(self._order)  # all ranks; len(self) is this rank's part
-        self._dataset = self.shards.manifest.digest()
+        self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source before the pass
+        self._pass_plan: EpochPlan | None = None  # the plan of the pass last started (a Mix's state counts from it)
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (same on every rank). A resume point loaded for this epoch is kept."""
         if epoch != self.epoch:
-            self._pass_start, self._pass_done = 0, False
+            self._pass_start, self._pass_done, self._consumed = 0, False, None
         self.epoch = epoch
 
     def state_dict(self, samples_done: int | None = None) -> dict[str, Any]:
@@ -97,12 +115,13 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"samples_done must be >= 0, got {samples_done}")
         batches = self._batches()
         if samples_done >= len(batches.positions()):
-            return self._position(batches.end).to_dict()
+            return self._position(batches.end, self._pass_consumed(len(batches))).to_dict()
         if samples_done % self.batch_size:
             raise ValueError(f"samples_done={samples_done} is not a multiple of the sampler's batch_size="
                              f"{self.batch_size}: only whole chunks of every rank are a prefix of the epoch's order "
                              "(give the sampler the DataLoader's batch_size, or 1)")
-        return self._position(batches.samples_done(samples_done // self.batch_size)).to_dict()
+        made = samples_done // self.batch_size
+        return self._position(batches.samples_done(made), self._pass_consumed(made)).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next pass yields this rank's part of the rest of ``state``'s epoch, the passes
@@ -111,12 +130,11 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         data set, order (``shuffle``, ``window``, the data set's blocks, ``drop_last``), with a
         batch size that keeps neither, or by another part is refused (StateError); the state's seed
         is taken (a StateWarning when it is not this sampler's)."""
-        saved = Position.from_dict(state, "QuasiRandomSampler")
-        saved.check_fits(self._position(0))
+        saved, _ = Position.from_dict(state, "QuasiRandomSampler").resumed_by(self._position(0))
         if saved.samples_done > self.total_samples:
             raise StateError(f"samples_done={saved.samples_done} is outside the epoch of {self.total_samples} samples")
         self.epoch, self._pass_start, self.seed = saved.epoch, saved.samples_done, saved.seed
-        self._pass_done = False
+        self._pass_done, self._consumed = False, saved.consumed
 
     def order(self) -> np.ndarray:
         """This rank's sample indices for a whole pass over the current epoch, from its start."""
@@ -124,9 +142,12 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         if self._pass_done:  # the previous pass finished its epoch: this one starts it again
-            self._pass_start, self._pass_done = 0, False
-        share = self._plan(self._pass_start).share
-        ahead = Lookahead(self.shards, self.bounds, share, self.window, hint_blocks=self.readahead)
+            self._pass_start, self._pass_done, self._consumed = 0, False, None
+        self._pass_plan = self._plan(self._pass_start)
+        share = self._pass_plan.share
+        ahead: ReadsAhead = self.dataset.lookahead(share, self.window, hint_blocks=self.readahead) \
+            if isinstance(self.dataset, Mix) else Lookahead(self.shards, self.bounds, share, self.window,
+                                                          hint_blocks=self.readahead)
         try:
             for start in range(0, len(share), _HINT_EVERY):
                 ahead.advance(start)
@@ -142,14 +163,27 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     def _plan(self, start: int) -> EpochPlan:
         return plan_epoch(self._order, seed=self.seed, epoch=self.epoch, start=start,
                           world_size=self.num_replicas, rank=self.rank, batch_size=self.batch_size,
-                          drop_last=self.drop_last)
+                          drop_last=self.drop_last, consumed=self._consumed if start == self._pass_start else None)
+
+    def _pass_consumed(self, batches: int) -> tuple[int, ...] | None:
+        """A Mix's samples of each source consumed once this rank's loop made ``batches`` batches of
+        the current pass (None for one data set)."""
+        if not isinstance(self._order, MixOrder):
+            return None
+        plan = self._pass_plan
+        if plan is None or (plan.epoch, plan.batches.origin) != (self.epoch, self._pass_start):
+            plan = self._pass_plan = self._plan(self._pass_start)
+        return plan.consumed(batches)
 
     def _batches(self, start: int | None = None) -> RankBatches:
         return rank_batches(self.total_samples, start=self._pass_start if start is None else start,
                             world_size=self.num_replicas, rank=self.rank, batch_size=self.batch_size,
                             drop_last=self.drop_last)
 
-    def _position(self, samples_done: int) -> Position:
+    def _position(self, samples_done: int, consumed: tuple[int, ...] | None = None) -> Position:
         window, blocks = self._order.settings()
+        mix = self.dataset.describe() if isinstance(self.dataset, Mix) else None
+        if isinstance(self.dataset, Mix):
+            consumed = consumed or (0,) * len(self.dataset.sources)
         return Position("QuasiRandomSampler", self._dataset, self.seed, self.epoch, self.num_replicas, self.rank,
-                        self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done)
+                        self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix, consumed)

@@ -24,6 +24,7 @@ from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.data.epoch import RankBatches
+from stoker.data.mix import Mix
 from stoker.errors import CorruptDataError, TransformError
 from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
@@ -95,7 +96,7 @@ class BatchMaker:
     "skip", a damaged sample (CorruptDataError: bad bytes, or pixels no decoder accepts) is
     replaced by the next readable one in the data set, with the same crop, as ShardDataset does."""
 
-    dataset: ShardDataset
+    dataset: ShardDataset | Mix
     crop: CropSpec | None  # None: whole images, decoded with Pillow for ``transform`` (which makes them one size)
     transform: SampleTransform | None
     seed: int

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.data.dataset import ShardDataset
+from stoker.data.mix import Mix
 from stoker.errors import PackMismatchError
 from stoker.format.layout import MANIFEST_NAME, WORK_DIR_NAME
 from stoker.loader.loader import Loader
@@ -49,19 +50,21 @@ def loader_for(source: str | os.PathLike | Any, transform: Any = None, batch_siz
     callable; see Loader): ``source`` is a folder of loose images (ImageFolder layout; packed first
     into ``pack_dir``, default ``pack_cache_dir(source, pack_options)``, with ``pack_options`` for
     :func:`stoker.pack`), a torchvision ImageFolder (its root, and its transform unless one is
-    given here), a packed stoker data set (folder or URL) or a ShardDataset. ``loader_options``
-    go to the Loader (``device``, ``threads``, ``seed``, ``processes``, ...)."""
+    given here), a packed stoker data set (folder or URL), a ShardDataset or a :class:`stoker.Mix`.
+    ``loader_options`` go to the Loader (``device``, ``threads``, ``seed``, ``processes``, ...)."""
     folder = None
     if type(source).__name__ in ("ImageFolder", "DatasetFolder") and hasattr(source, "root"):
         folder, transform = source, _transform_of(source, transform)
         source = source.root
-    if isinstance(source, ShardDataset):
+    dataset: ShardDataset | Mix
+    if isinstance(source, (ShardDataset, Mix)):
         dataset = source
     elif is_url(source) or (Path(source) / MANIFEST_NAME).exists():
         dataset = ShardDataset(source)
     else:
         dataset = ShardDataset(pack_once(Path(source), pack_dir, pack_options, progress))
     if folder is not None:
+        assert isinstance(dataset, ShardDataset)  # packed from the folder
         _check_same_samples(folder, dataset)
     return Loader(dataset, batch_size, transform=transform, **loader_options)
 

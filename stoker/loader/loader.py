@@ -31,7 +31,9 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, BlockOrder, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
+from stoker.data.mix import Mix
+from stoker.data.mix_plan import MixOrder
+from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
 from stoker.errors import StokerError
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
@@ -112,7 +114,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ShardDataset | VideoClipDataset,
+        dataset: ShardDataset | Mix | VideoClipDataset,
         batch_size: int,
         *,
         crop: CropSpec | None = None,
@@ -144,6 +146,8 @@ class Loader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if on_error == "skip" and decode == "gpu":
             raise ValueError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
+        if isinstance(dataset, Mix) and decode == "gpu":
+            raise ValueError("decode='gpu' reads one ShardDataset: a stoker.Mix is decoded on the CPU (decode='cpu')")
         self._maker_type = _maker_type(dataset)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -168,7 +172,7 @@ class Loader:
         self.seed = SEED.check(seed)
         self.drop_last = drop_last
         # clips: the data set's layout (images: NCHW)
-        self.layout = layout or ("NCHW" if isinstance(dataset, ShardDataset) or dataset.layout == "TCHW" else "NHWC")
+        self.layout = layout or ("NCHW" if isinstance(dataset, (ShardDataset, Mix)) or dataset.layout == "TCHW" else "NHWC")
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
@@ -188,20 +192,25 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
-        self._bounds = block_bounds_of(dataset.shards)
-        self.window = open_blocks(dataset.shards, window)
-        self._epoch_order = BlockOrder(self._bounds, order, self.window)
+        self._epoch_order: BlockOrder | MixOrder
+        if isinstance(dataset, Mix):  # each source's blocks and window: the Mix's epoch order
+            self.window, self._epoch_order, self._dataset = window, dataset.epoch_order(order, window), dataset.digest()
+        else:
+            self._bounds = block_bounds_of(dataset.shards)
+            self.window = open_blocks(dataset.shards, window)
+            self._epoch_order = BlockOrder(self._bounds, order, self.window)
+            self._dataset = dataset.shards.manifest.digest()
         self.epoch = 0
         self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
         self._epoch_named = False  # set_epoch named the epoch of the next pass (at its end: an empty pass)
-        self._dataset = dataset.shards.manifest.digest()
+        self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source at _position (None at 0)
         if transform is not None:
             _log.info("%s", self.explain())
 
     def explain(self) -> str:
         """What the loader does with its ``transform``, step by step: fused into the decode,
         batched (and where), or per sample as given, each with the reason."""
-        maker = self._batch_maker(self._plan(self.epoch, self._position).batches)
+        maker = self._batch_maker(self._plan(self.epoch, self._position, self._consumed).batches)
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
@@ -232,7 +241,7 @@ class Loader:
         it, a pass that starts where the last one ended, after the epoch's last batch, is the next
         epoch's (a trainer that stops at ``len`` and calls no set_epoch, as Lightning does)."""
         if epoch != self.epoch:
-            self._position = 0
+            self._position, self._consumed = 0, None
         self.epoch, self._epoch_named = epoch, True
 
     def state_dict(self) -> dict[str, Any]:
@@ -251,27 +260,29 @@ class Loader:
         ``drop_last``), with a batch size that keeps neither, or by another part is refused
         (StateError, saying what would work); the state's seed is taken (a StateWarning when it is
         not this loader's)."""
-        saved = Position.from_dict(state, "Loader")
-        mode = saved.check_fits(self._record(0, 0))
+        saved, mode = Position.from_dict(state, "Loader").resumed_by(self._record(0, 0))
         if saved.samples_done > len(self._epoch_order):
             raise StateError(f"samples_done={saved.samples_done} is outside the epoch of {len(self._epoch_order)} samples")
         if saved.world_size != self.world_size or saved.batch_size != self.batch_size:
             _log.info("stoker.Loader: resuming a state of %d ranks x %d on %d ranks x %d (%s)", saved.world_size,
                       saved.batch_size, self.world_size, self.batch_size, mode)
         self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
+        self._consumed = saved.consumed
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
-        plan = self._plan(self.epoch, self._position)
+        plan = self._plan(self.epoch, self._position, self._consumed)
         if not len(plan.batches) and self._position and not self._epoch_named:
             # The last pass stopped after the epoch's last batch without asking past it (Lightning
             # stops at len()): this pass is the next epoch's. After set_epoch(this epoch) it is empty.
-            self.epoch, self._position = self.epoch + 1, 0
-            plan = self._plan(self.epoch, 0)
+            self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
+            plan = self._plan(self.epoch, 0, None)
         self._epoch_named = False
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead = Lookahead(self.dataset.shards, self._bounds, plan.share, self.window, hint_blocks=self.order != "random")
+        ahead: ReadsAhead = self.dataset.lookahead(plan.share, self.window, hint_blocks=self.order != "random") \
+            if isinstance(self.dataset, Mix) else Lookahead(self.dataset.shards, self._bounds, plan.share, self.window,
+                                                          hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
@@ -281,9 +292,9 @@ class Loader:
         try:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
-                self._position = plan.batches.samples_done(batch + 1)
+                self._position, self._consumed = plan.batches.samples_done(batch + 1), plan.consumed(batch + 1)
                 yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
-            self.epoch, self._position = self.epoch + 1, 0
+            self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
         finally:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
@@ -316,7 +327,7 @@ class Loader:
         if self._in_threads_augment:
             dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
             augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
-        if isinstance(dataset, ShardDataset):
+        if isinstance(dataset, (ShardDataset, Mix)):
             return BatchMaker(dataset, self.crop, *args, augment=augment)
         from stoker.loader.clips import ClipBatchMaker
 
@@ -324,7 +335,7 @@ class Loader:
         return ClipBatchMaker(dataset, self.crop, *args, augment=augment)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                    ahead: Lookahead) -> Generator[_Made, None, None]:
+                    ahead: ReadsAhead) -> Generator[_Made, None, None]:
         """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
         ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
         free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
@@ -359,7 +370,7 @@ class Loader:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                      ahead: Lookahead) -> Generator[_Made, None, None]:
+                      ahead: ReadsAhead) -> Generator[_Made, None, None]:
         """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
         numbers = range(len(plan.batches))
         queued = self.prefetch * self.processes
@@ -379,18 +390,22 @@ class Loader:
         one) from its start, in order."""
         return self._plan(self.epoch if epoch is None else epoch, 0).share
 
-    def _plan(self, epoch: int, start: int) -> EpochPlan:
-        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks)."""
-        return plan_epoch(self._epoch_order, seed=self.seed, epoch=epoch, start=start, world_size=self.world_size,
+    def _plan(self, epoch: int, start: int, consumed: tuple[int, ...] | None = None) -> EpochPlan:
+        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; a Mix's per
+        source: ``consumed``)."""
+        return plan_epoch(self._epoch_order, seed=self.seed, epoch=epoch, start=start, consumed=consumed,
+                          world_size=self.world_size,
                           rank=self.rank, batch_size=self.batch_size, drop_last=self.drop_last)
 
     def _record(self, epoch: int, samples_done: int) -> Position:
         window, blocks = self._epoch_order.settings()
+        mix, consumed = (self.dataset.describe(), self._consumed or (0,) * len(self.dataset.sources)) \
+            if isinstance(self.dataset, Mix) else (None, None)
         return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
-                        self.order, window, blocks, self.drop_last, samples_done)
+                        self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
-                ahead: Lookahead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
+                ahead: ReadsAhead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
         """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
         hints.submit(ahead.advance, number * self.batch_size)
         indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
@@ -465,13 +480,13 @@ def _gpu_for_decoding(maker_type: type[BatchMaker], plan: TransformPlan, process
     return device
 
 
-def _maker_type(dataset: ShardDataset | VideoClipDataset) -> type[BatchMaker]:
+def _maker_type(dataset: ShardDataset | Mix | VideoClipDataset) -> type[BatchMaker]:
     """What makes the batches of ``dataset``: images, or video clips."""
-    if isinstance(dataset, ShardDataset):
+    if isinstance(dataset, (ShardDataset, Mix)):
         return BatchMaker
     from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
     from stoker.video.dataset import VideoClipDataset
 
     if not isinstance(dataset, VideoClipDataset):
-        raise TypeError(f"Loader reads a ShardDataset or a VideoClipDataset, got {type(dataset).__name__}")
+        raise TypeError(f"Loader reads a ShardDataset, a Mix or a VideoClipDataset, got {type(dataset).__name__}")
     return ClipBatchMaker

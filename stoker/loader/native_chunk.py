@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stoker.data.dataset import ShardDataset
+from stoker.data.mix import Mix
 from stoker.loader.crops import BatchDraws, CropSpec
 
 decode_chunk: Callable[..., int] | None  # None: the region-decode extension is not built
@@ -36,7 +37,7 @@ def decodes_natively(spec: CropSpec | None) -> bool:
     return decode_chunk is not None and spec is not None
 
 
-def decode_samples(dataset: ShardDataset, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,
+def decode_samples(dataset: ShardDataset | Mix, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,
                    out: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decode samples ``indices`` (with ``draws``, one row each) into ``out[slots]`` (``out``: C-contiguous
     uint8 (N, H, W, 3)); (made, labels): which were made, and their labels."""
