@@ -84,6 +84,14 @@ def test_leaving_a_pass_early_stops_the_workers_and_the_next_pass_continues(pack
     _assert_same(_copies(loader), threads[2:])
 
 
+def test_two_passes_at_once_get_the_batches_they_get_with_threads(packed):
+    def two_at_once(**options) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader = _loader(packed, **options)
+        return [(images.clone(), labels.clone()) for pair in zip(loader, loader) for images, labels in pair]
+
+    _assert_same(two_at_once(processes=2), two_at_once(threads=2))
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_state_saved_mid_epoch_resumes_in_processes(packed, context):
     threads = _copies(_loader(packed, threads=2))

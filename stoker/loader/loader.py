@@ -12,7 +12,7 @@ one crop and flip per clip.
 
 By default no worker processes: nothing is pickled, copied between processes or started per
 epoch. With ``processes=N`` (for per-sample transforms that hold the GIL) a torch DataLoader's
-workers each make whole batches with the same code, into shared memory.
+workers make the batches with the same code, into a ring of shared buffers (process_batches.py).
 """
 
 from __future__ import annotations
@@ -335,12 +335,8 @@ class Loader:
                       ahead: Lookahead) -> Generator[_Made, None, None]:
         """Batches made by ``processes`` worker processes into a shared ring (process_batches.py),
         kept from one whole pass to the next while they make batches this way."""
-        settings = (maker, self.batch_size, self.processes, self.threads, self.prefetch, self.mp_context)
-        if self._workers is None or not self._workers.fits(*settings):
-            if self._workers is not None:
-                self._workers.close()
-            self._workers = WorkerProcesses(*settings)
-        workers = self._workers
+        workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self.processes,
+                                                           self.threads, self.prefetch, self.mp_context)
         hints.submit(ahead.advance, 0)
         for batch, made, skipped in workers.batches(plan.epoch, plan.share, range(plan.start // self.batch_size, len(self))):
             hints.submit(ahead.advance, (batch + workers.queued) * self.batch_size - plan.start)

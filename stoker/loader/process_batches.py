@@ -155,11 +155,20 @@ class WorkerProcesses:
             persistent_workers=True, collate_fn=_as_made, multiprocessing_context=mp_context,
             worker_init_fn=one_opencv_thread_in_worker)
         self._parts: Iterator[Part] | None = None
+        self.running = False  # a pass is taking batches from them
 
-    def fits(self, maker: BatchMaker, batch_size: int, processes: int, threads: int, prefetch: int,
-             mp_context: str | None) -> bool:
-        """Whether these workers make batches as asked (a maker equal to theirs), and still run."""
-        return self._workers is not None and self.settings == (maker, batch_size, processes, threads, prefetch, mp_context)
+    @classmethod
+    def for_pass(cls, kept: WorkerProcesses | None, maker: BatchMaker, batch_size: int, processes: int, threads: int,
+                 prefetch: int, mp_context: str | None) -> WorkerProcesses:
+        """The workers for a pass: ``kept`` where they make batches as asked (a maker equal to theirs)
+        and no other pass is taking batches from them; else new ones (``kept`` stopped, unless a pass
+        runs on them: they stop when it ends and lets go of them)."""
+        settings = (maker, batch_size, processes, threads, prefetch, mp_context)
+        if kept is not None and not kept.running:
+            if kept._workers is not None and kept.settings == settings:
+                return kept
+            kept.close()
+        return cls(*settings)
 
     def batches(self, epoch: int, share: np.ndarray, numbers: range) -> Generator[Made, None, None]:
         """Batches ``numbers`` of ``epoch`` (whose samples are ``share``), in order. Left early, the
@@ -168,9 +177,9 @@ class WorkerProcesses:
         tasks = self._tasks
         tasks.epoch, tasks.batch_size, tasks.share, tasks.numbers = epoch, self.batch_size, share, numbers
         tasks.pending.clear()
-        self._parts = iter(self._workers)
-        finished = False
+        self.running, finished = True, False
         try:
+            self._parts = iter(self._workers)
             for first in self._parts:
                 pending = tasks.pending.popleft()
                 parts = [first] + [next(self._parts) for _ in range(pending.parts - 1)]
@@ -178,6 +187,7 @@ class WorkerProcesses:
             finished = True
         finally:
             tasks.pending.clear()  # let go of the slots
+            self.running = False
             if not finished:
                 self.close()
 
