@@ -75,5 +75,6 @@ def test_a_worker_process_makes_the_same_whole_image_batch(packed, photos):
     dataset = stoker.ShardDataset(packed)
     maker = BatchMaker(dataset, None, PerSample((to_small_tensor,), "pil"), seed=0, batches=RankBatches(0, 12, 1, 0, 4))
     indices = np.arange(5, 25)
-    (images, labels), skipped = maker.make(0, 0, indices)
-    assert skipped == 0 and torch.equal(images, expected(photos, dataset, indices))
+    batch = maker.make(0, 0, indices)
+    images, _ = maker.finish(batch)
+    assert not batch.replaced.any() and torch.equal(images, expected(photos, dataset, indices))

@@ -46,6 +46,11 @@ def split(positions: np.ndarray, threads: int) -> list[np.ndarray]:
     return [positions[t::threads] for t in range(min(threads, len(positions)))]
 
 
+def part_positions(n: int, part: int, parts: int) -> np.ndarray:
+    """The positions of a batch of ``n`` that its ``part`` of ``parts`` makes (:func:`split`'s share)."""
+    return np.arange(part, n, parts)
+
+
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # per (process id, threads): made on first use
 
 
@@ -285,8 +290,7 @@ class BatchMaker:
     def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)``: NHWC pixels (uint8, or float as augmented), or the transformed samples stacked."""
         if batch.transformed is None:
-            wanted = self.augment.dtype if self.augment is not None else torch.uint8
-            return (batch.images if batch.images.dtype == wanted else batch.images.to(wanted)), batch.labels
+            return self.delivered(batch.images), batch.labels
         try:
             return torch.stack(batch.transformed), batch.labels
         except RuntimeError as e:  # sizes differ: the transform did not make them one size
@@ -294,25 +298,32 @@ class BatchMaker:
             raise TransformError(first, f"the per-sample transform's results of this batch cannot be stacked ({e}); "
                                  "a DataLoader could not collate them either") from None
 
-    def make(self, epoch: int, number: int, indices: np.ndarray,
-             threads: int = 1) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
-        """A whole batch, made by the calling thread and ``threads`` - 1 more of this process (a
-        worker process's job), and how many damaged samples it skipped. The process's own random
-        generators (torch's, Python's), which per-sample transforms draw from, are seeded from the
-        batch's numbers first, so the batch is the same whichever worker makes it (with one thread;
-        with more, which sample draws first depends on the threads)."""
+    def delivered(self, images: torch.Tensor) -> torch.Tensor:
+        """A batch's pixels (:meth:`pixel_dtype`) as the loop gets them: uint8, or the augmentation's dtype."""
+        wanted = self.augment.dtype if self.augment is not None else torch.uint8
+        return images if images.dtype == wanted else images.to(wanted)
+
+    def make(self, epoch: int, number: int, indices: np.ndarray, threads: int = 1, pixels: torch.Tensor | None = None,
+             part: int = 0, parts: int = 1) -> Batch:
+        """Batch ``number`` of ``epoch``, or its ``part`` of ``parts`` (the samples at :func:`part_positions`:
+        what one of several worker processes makes), made by the calling thread and ``threads`` - 1
+        more of this process into ``pixels`` (a buffer of the batch's bytes), else fresh shared
+        memory (a worker process's job). The process's own random generators (torch's, Python's),
+        which per-sample transforms draw from, are seeded from the batch's numbers first, so the
+        batch is the same whichever worker makes it (with one thread; with more, which sample draws
+        first depends on the threads)."""
         if self.transform is not None:
             seed = int(np.random.SeedSequence([self.seed, epoch, self.batch_key(number)]).generate_state(1)[0])
             torch.manual_seed(seed)
             random.seed(seed)
-        batch = self.start(epoch, number, indices, shared=True)
-        positions = np.arange(len(indices))
+        batch = self.start(epoch, number, indices, shared=pixels is None, pixels=pixels)
+        positions = part_positions(len(indices), part, parts)
         if threads > 1:
             for future in [_process_pool(threads).submit(self.fill, batch, chunk) for chunk in split(positions, threads)]:
                 future.result()
         else:
             self.fill(batch, positions)
-        return self.finish(batch), int(batch.replaced.sum())
+        return batch
 
     def _transform(self, index: int, image: torch.Tensor) -> torch.Tensor:
         assert self.transform is not None

@@ -12,6 +12,7 @@ import mmap
 import sys
 import threading
 
+import numpy as np
 import torch
 
 _local = threading.local()
@@ -30,7 +31,7 @@ def thread_buffer(role: str, nbytes: int) -> mmap.mmap:
     return buffer
 
 
-def mapped_pixels(shape: tuple[int, ...], memory: mmap.mmap | None = None) -> torch.Tensor:
+def mapped_pixels(shape: tuple[int, ...], memory: mmap.mmap | np.ndarray | None = None) -> torch.Tensor:
     """A uint8 tensor of ``shape`` over ``memory``, or over an anonymous memory map of its own,
     unmapped when the last tensor over it is freed. glibc serves allocations under its dynamic
     mmap threshold (up to 32 MB) from a heap it rarely gives back: measured here, batches of 256 at
@@ -55,26 +56,40 @@ class BatchRing:
     ``slots`` batches (the batches being made, and the one the training loop holds) however long
     the epoch. A batch the loop keeps (in a list, or a view or numpy array of it) holds its buffer:
     that buffer is not handed out until the last tensor over it is gone, so a held batch stays valid.
+    A ``shared`` ring makes all its buffers at once in shared memory (``shared_buffers``), for
+    worker processes to write batches into (stoker/loader/process_batches.py); the rule is the same.
     """
 
-    # What sys.getrefcount reports for a map nobody else holds: the ring's list, the loop's
-    # variable and getrefcount's own argument. Every tensor over a map (views included: they share
-    # its storage) holds one more reference through the buffer protocol.
+    # What sys.getrefcount reports for a buffer nobody else holds: the ring's list, the loop's
+    # variable and getrefcount's own argument. Every tensor over a buffer (views included: they
+    # share its storage) holds one more reference through the buffer protocol.
     _UNHELD = 3
 
-    def __init__(self, shape: tuple[int, ...], slots: int) -> None:
+    def __init__(self, shape: tuple[int, ...], slots: int, shared: bool = False) -> None:
         self.shape, self.slots = shape, slots
-        self._maps: list[mmap.mmap] = []
+        # shared: the tensors worker processes get (torch shares their memory with fork and spawn)
+        self.shared_buffers = [torch.empty(shape, dtype=torch.uint8).share_memory_() for _ in range(slots * shared)]
+        self._memory: list[mmap.mmap | np.ndarray] = [buffer.numpy() for buffer in self.shared_buffers]
+
+    def free(self) -> int | None:
+        """The slot of a buffer nobody holds (made now while fewer than ``slots`` exist); None when all are held."""
+        for slot in range(len(self._memory)):  # (enumerate would hold one more reference, in the tuple it reuses)
+            memory = self._memory[slot]
+            if sys.getrefcount(memory) == self._UNHELD:
+                return slot
+        if len(self._memory) < self.slots:
+            self._memory.append(_anonymous_map(math.prod(self.shape)))
+            return len(self._memory) - 1
+        return None
+
+    def pixels(self, slot: int) -> torch.Tensor:
+        """The buffer of ``slot`` as a uint8 tensor of ``shape``: held until the last tensor over it is gone."""
+        return mapped_pixels(self.shape, self._memory[slot])
 
     def take(self) -> torch.Tensor | None:
         """A buffer nobody holds, as a uint8 tensor of ``shape``; None when all ``slots`` are held."""
-        for memory in self._maps:
-            if sys.getrefcount(memory) == self._UNHELD:
-                return mapped_pixels(self.shape, memory)
-        if len(self._maps) < self.slots:
-            self._maps.append(_anonymous_map(math.prod(self.shape)))
-            return mapped_pixels(self.shape, self._maps[-1])
-        return None
+        slot = self.free()
+        return None if slot is None else self.pixels(slot)
 
 
 def _anonymous_map(nbytes: int, populate: bool = True) -> mmap.mmap:

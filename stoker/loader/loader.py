@@ -12,7 +12,7 @@ one crop and flip per clip.
 
 By default no worker processes: nothing is pickled, copied between processes or started per
 epoch. With ``processes=N`` (for per-sample transforms that hold the GIL) a torch DataLoader's
-workers each make whole batches with the same code, into shared memory.
+workers make the batches with the same code, into a ring of shared buffers (process_batches.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
@@ -35,11 +34,11 @@ from stoker.data.mix import Mix
 from stoker.data.mix_plan import MixOrder
 from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.env import warn_fallback_once
-from stoker.errors import StokerError
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
-from stoker.loader.opencv_threads import one_opencv_thread_in_worker, with_one_opencv_thread
+from stoker.loader.opencv_threads import with_one_opencv_thread
+from stoker.loader.process_batches import WorkerProcesses
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
 from stoker.loader.workers import FirstBatches, WorkerChoice, available_cores, choose_workers
 from stoker.ranges import SEED
@@ -192,6 +191,7 @@ class Loader:
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
+        self._workers: WorkerProcesses | None = None  # with processes: kept from one whole pass to the next
         self._epoch_order: BlockOrder | MixOrder
         if isinstance(dataset, Mix):  # each source's blocks and window: the Mix's epoch order
             self.window, self._epoch_order, self._dataset = window, dataset.epoch_order(order, window), dataset.digest()
@@ -371,18 +371,13 @@ class Loader:
 
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
                       ahead: ReadsAhead) -> Generator[_Made, None, None]:
-        """Batches made whole by ``processes`` DataLoader workers (one batch per worker at a time)."""
-        numbers = range(len(plan.batches))
-        queued = self.prefetch * self.processes
+        """Batches made by ``processes`` worker processes into a shared ring (process_batches.py),
+        kept from one whole pass to the next while they make batches this way."""
+        workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self.processes,
+                                                           self.threads, self.prefetch, self.mp_context)
         hints.submit(ahead.advance, 0)
-        workers = DataLoader(_EpochBatches(maker, plan.epoch, plan.share, self.batch_size, self.threads), batch_size=None,
-                             sampler=numbers, num_workers=self.processes, prefetch_factor=self.prefetch,
-                             multiprocessing_context=self.mp_context, worker_init_fn=one_opencv_thread_in_worker)
-        for batch, (made, skipped, error) in zip(numbers, workers):
-            if error is not None:
-                raise error
-            assert made is not None
-            hints.submit(ahead.advance, (batch + queued) * self.batch_size)
+        for batch, made, skipped in workers.batches(plan.epoch, plan.share, range(len(plan.batches))):
+            hints.submit(ahead.advance, (batch + workers.queued) * self.batch_size)
             yield batch, made, skipped
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
@@ -432,24 +427,6 @@ class Loader:
             if steps.stage == "uint8":  # the pipeline's batches are uint8: rounded back
                 images = images.mul_(255).round_().to(torch.uint8)
         return images, labels
-
-
-class _EpochBatches(Dataset):
-    """Batch ``b`` of one epoch, as a map-style data set: what each worker process makes, with
-    ``threads`` threads. A StokerError comes back as a value, raised again as it is in the loop's
-    process (a DataLoader re-raises a worker's exception by calling its type with the message alone,
-    which stoker's errors with fields do not take: the user would get a RuntimeError)."""
-
-    def __init__(self, maker: BatchMaker, epoch: int, share: np.ndarray, batch_size: int, threads: int) -> None:
-        self.maker, self.epoch, self.share, self.batch_size, self.threads = maker, epoch, share, batch_size, threads
-
-    def __getitem__(self, number: int) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, int, StokerError | None]:
-        indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
-        try:
-            made, skipped = self.maker.make(self.epoch, number, indices, self.threads)
-        except StokerError as e:
-            return None, 0, e
-        return made, skipped, None
 
 
 def _plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,

@@ -45,6 +45,6 @@ def with_one_opencv_thread(items: Generator[T, None, None]) -> Generator[T, None
 
 
 def one_opencv_thread_in_worker(worker_id: int) -> None:
-    """A DataLoader ``worker_init_fn`` for a Loader's worker processes (they live for one pass):
+    """A DataLoader ``worker_init_fn`` for a Loader's worker processes (started by a pass):
     OpenCV at 1 thread there too, whatever the start method."""
     cv2.setNumThreads(1)
