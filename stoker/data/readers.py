@@ -20,7 +20,7 @@ from typing import overload
 
 import numpy as np
 
-from stoker.errors import CorruptDataError, FormatError
+from stoker.errors import CorruptDataError, FormatError, RemoteError
 from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
 from stoker.storage import willneed
 from stoker.storage.cache import ShardCache
@@ -241,7 +241,15 @@ class RemoteShardReader(ShardReader):
                         None)
             if span is not None and span.read(local):
                 del self._spans[span.start]
-        return span.take(offset, size) if span is not None else None
+        if span is None:
+            return None
+        try:
+            return span.take(offset, size)
+        except RemoteError:  # given up on: a later read asks the store again
+            with self._lock:
+                if self._spans.get(span.start) is span:
+                    del self._spans[span.start]
+            raise
 
     def _from_block(self, block: int, offset: int, size: int) -> bytes | None:
         """The member's bytes from a block in memory, fetching the block on its second touch; None
