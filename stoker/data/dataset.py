@@ -16,6 +16,7 @@ from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
 from stoker.data.readers import ReadBuffer, ShardReader
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.errors import CorruptDataError, StokerError
+from stoker.storage.remote import DEFAULT_READ_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class ShardDataset(torch.utils.data.Dataset):
 
     ``path`` may be an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``https://``): the manifest
     and indexes are fetched once into a local metadata folder and each sample is read by range;
-    ``storage_options`` go to fsspec (credentials, ``endpoint_url``).
+    ``storage_options`` go to fsspec (credentials, ``endpoint_url``). A read cut short is resumed
+    from its last good byte and failures retried for up to ``read_timeout`` seconds (an outage
+    shorter than that is ridden out), then a RemoteError names the object, range and attempts.
 
     ``cache_dir`` (``/dev/shm/stoker``, a local SSD folder) keeps whole shards on the node, at
     most ``cache_limit`` bytes (default: half the free space there), shared by every worker and
@@ -78,6 +81,7 @@ class ShardDataset(torch.utils.data.Dataset):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | None = None,
         cache_ahead: int | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -91,7 +95,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.skipped = 0
         self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards,
                                storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                               cache_ahead=cache_ahead)
+                               cache_ahead=cache_ahead, read_timeout=read_timeout)
         schema = self.shards.manifest.schema
         if field is not None and field not in schema:
             raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")

@@ -52,6 +52,8 @@ class BlockReadahead:
         # Per block, its place in the order in which blocks are hinted (blocks never needed: last).
         self._hint_rank = np.full(max(0, len(bounds) - 1), len(self.blocks), dtype=np.int64)
         self._hint_rank[self.blocks] = np.arange(len(self.blocks))
+        if shards.remote is not None:  # queued now (no waiting involved), before any read can miss them
+            self.advance(0)
 
     def advance(self, position: int) -> None:
         """The caller is about to read ``order[position:]``: hint every block needed before ``position + ahead``."""

@@ -23,7 +23,7 @@ from stoker.data.readers import CachedShardReader, RemoteShardReader, ShardReade
 from stoker.format import Manifest, ShardIndex, read_manifest
 from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
-from stoker.storage.remote import RemoteData, is_url
+from stoker.storage.remote import DEFAULT_READ_TIMEOUT, RemoteData, is_url
 
 log = logging.getLogger("stoker.data")
 
@@ -51,19 +51,25 @@ class ShardSet:
     def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES,
                  max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None,
                  metadata: Path | None = None, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | None = None, cache_ahead: int | None = None) -> None:
+                 cache_limit: int | None = None, cache_ahead: int | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
         """``root``: a folder or an fsspec URL. ``metadata``: for a URL, the local folder its
         manifest and indexes were already fetched into (how a pickled ShardSet reaches a worker
         process without fetching them and checksumming every index again). ``cache_dir`` and
         ``cache_limit``: a node cache of whole shards (see :class:`ShardCache`), staged up to
-        ``cache_ahead`` shards ahead of a reader (default: as far as the limit allows)."""
+        ``cache_ahead`` shards ahead of a reader (default: as far as the limit allows).
+        ``read_timeout``: for a URL, how long one ranged read keeps retrying (an outage shorter
+        than that is ridden out) before a RemoteError names the object, range and attempts."""
         BLOCK_BYTES.check(block_bytes)
         MAX_OPEN_SHARDS.check(max_open_shards)
         if cache_ahead is not None:
             CACHE_AHEAD.check(cache_ahead)
         self.source = root
         self.storage_options = storage_options
-        self.remote = RemoteData(root, storage_options) if is_url(root) else None
+        if not read_timeout > 0:
+            raise ValueError(f"read_timeout must be a positive number of seconds, got {read_timeout!r}")
+        self.read_timeout = read_timeout
+        self.remote = RemoteData(root, storage_options, read_timeout=read_timeout) if is_url(root) else None
         self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
@@ -165,7 +171,8 @@ class ShardSet:
                 "max_open_shards": self.max_open_shards, "storage_options": self.storage_options,
                 "metadata": self.root if self.remote else None,
                 "cache_dir": self.cache.cache_dir if self.cache else None,
-                "cache_limit": self.cache.limit if self.cache else None, "cache_ahead": self.cache_ahead}
+                "cache_limit": self.cache.limit if self.cache else None, "cache_ahead": self.cache_ahead,
+                "read_timeout": self.read_timeout}
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)

@@ -1,8 +1,10 @@
-"""Retrying remote reads: transient errors again after a growing pause, permanent ones at once."""
+"""Retrying remote reads: transient errors again after a growing, jittered pause, within a bound
+on attempts or on time; permanent ones at once."""
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -11,18 +13,29 @@ from stoker.errors import CorruptDataError, FormatError, LocalWriteError, Remote
 
 log = logging.getLogger("stoker.storage")
 T = TypeVar("T")
+# The longest pause between two attempts, by default.
+MAX_PAUSE = 8.0
 
 
-def with_retries(url: str, action: Callable[[], T], *, retries: int = 5, backoff: float = 0.5,
+def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, backoff: float = 0.5,
+                 timeout: float | None = None, max_pause: float = MAX_PAUSE,
                  error: type[RemoteError] = RemoteError) -> T:
-    """``action()``, retried ``retries`` times after transient errors, sleeping ``backoff``, then
-    twice that, and so on (defaults: 0.5 to 8 s, 15.5 s in all). Missing objects and denied
-    access are permanent and raise ``error`` at once; a malformed manifest, data found damaged
-    at the source (CorruptDataError), a failed local write or a wrong call (TypeError,
-    ValueError) propagates as it is; every other
-    error (each fsspec backend has its own: botocore's connection errors, aiohttp's, OSError)
-    counts as transient. ``error`` messages name ``url`` and the cause."""
-    for attempt in range(retries + 1):
+    """``action()``, retried after transient errors, pausing ``backoff``, then twice that, and so
+    on up to ``max_pause`` (a store back after an outage is noticed within that), each pause
+    jittered to between half and all of it (so clients that failed together do not retry
+    together). It gives up after ``retries`` retries (None: no limit) or once ``timeout``
+    seconds have passed since the first attempt (None: no limit), whichever comes first
+    (defaults: 5 retries, 7.75 to 15.5 s in all). Missing objects and denied access are
+    permanent and raise ``error`` at once; a malformed manifest, data found damaged at the
+    source (CorruptDataError), a failed local write or a wrong call (TypeError, ValueError)
+    propagates as it is; every other error (each fsspec backend has its own: botocore's
+    connection errors, aiohttp's, OSError) counts as transient. ``error`` messages name ``url``
+    (give the range too where one is read), the attempts, the time and the last cause.
+    ``action`` may keep what it got between attempts (a ranged read resumes from its last good
+    byte)."""
+    began = time.monotonic()
+    attempt = 0
+    while True:
         try:
             return action()
         except FileNotFoundError as e:
@@ -32,11 +45,14 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int = 5, backoff
         except (FormatError, CorruptDataError, LocalWriteError, TypeError, ValueError):  # retrying the source cannot help
             raise
         except Exception as e:  # noqa: BLE001 -- backends raise their own kinds (botocore, aiohttp, OSError)
-            if attempt == retries:
-                raise error(f"{url}: failed after {attempt + 1} attempts: {_cause(e)}") from None
-            log.warning("%s: %s; retrying in %.1f s", url, _cause(e), backoff * 2**attempt)
-            time.sleep(backoff * 2**attempt)
-    raise AssertionError("unreachable")
+            attempt += 1
+            pause = min(max_pause, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            elapsed = time.monotonic() - began
+            if retries is not None and attempt > retries or timeout is not None and elapsed + pause > timeout:
+                raise error(f"{url}: failed after {attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f} s: "
+                            f"{_cause(e)}") from None
+            log.warning("%s: %s; retrying in %.1f s", url, _cause(e), pause)
+            time.sleep(pause)
 
 
 def _cause(error: BaseException) -> str:

@@ -54,7 +54,8 @@ def stage(src: str, dst: str | os.PathLike, *, verify: bool = True, progress: bo
 
     ``verify=False`` trusts files already in ``dst`` whose size matches the manifest (fetched
     files are always checked as they stream). A transient error is retried ``retries`` times,
-    after ``backoff`` seconds, then twice that, and so on (default 0.5 to 8 s, 15.5 s in all).
+    after ``backoff`` seconds, then twice that, and so on, each pause jittered to half or more of it
+    (default 0.5 to 8 s, 7.75 to 15.5 s in all).
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``, timeouts).
     """
     RETRIES.check(retries)
