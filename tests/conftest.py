@@ -119,3 +119,19 @@ def packed_videos(request, video_folder, tmp_path_factory):
     dst = tmp_path_factory.mktemp(f"video_{request.param}") / "ds"
     result = stoker.pack(video_folder, dst, video_mode=request.param, shard_bytes=200_000, workers=2, progress=False)
     return request.param, dst, result
+
+
+@pytest.fixture
+def damaged(photos, tmp_path) -> tuple[Path, str]:
+    """A fresh pack of the sample photos with one image member overwritten in the middle (its
+    checksum no longer matches): the pack's path and that sample's key."""
+    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
+    dataset = stoker.ShardDataset(tmp_path / "ds")
+    index = len(dataset) // 2
+    shard, local = dataset.shards.locate(index)
+    reader = dataset.shards.reader(shard)
+    member = reader.index.sample_members(local)[0]
+    with open(reader.path, "r+b") as f:
+        f.seek(int(member["offset"]) + 100)
+        f.write(b"\0\1\2\3")
+    return tmp_path / "ds", dataset.key(index)

@@ -88,13 +88,14 @@ class Case:
     run: Callable[[int], tuple]
 
 
-def synthetic_jpeg(height: int, width: int, sampling: str | None, progressive: bool) -> bytes:
-    """A JPEG of gradients and noise (every block has AC coefficients) with ``sampling`` (None: gray)."""
-    rng = np.random.default_rng([height, width])
+def synthetic_jpeg(height: int, width: int, sampling: str | None, progressive: bool, quality: int = 90) -> bytes:
+    """A JPEG of gradients and noise (every block has AC coefficients) with OpenCV's chroma
+    ``sampling`` (None: gray)."""
+    rng = np.random.default_rng([height, width, quality])
     yy, xx = np.mgrid[0:height, 0:width]
     pixels = np.stack([xx * 255 // max(width - 1, 1), yy * 255 // max(height - 1, 1), (xx + yy) % 256], -1)
     pixels = (pixels // 2 + rng.integers(0, 128, (height, width, 3))).astype(np.uint8)
-    params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
     if sampling is None:
         pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
     else:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -18,6 +17,7 @@ from stoker.format.index import HEADER_DTYPE, SAMPLE_DTYPE, IndexBuilder, ShardI
 from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from tests.conftest import encode
+from tests.stress_extensions import synthetic_jpeg
 
 _jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
 
@@ -114,22 +114,6 @@ def test_images_of_every_size_and_aspect(tmp_path, monkeypatch):
         _assert_same(native, _per_image(monkeypatch, tmp_path / "ds", spec, threads=2))
 
 
-def _synthetic_jpeg(height: int, width: int, sampling: str | None, progressive: bool, quality: int) -> bytes:
-    """A JPEG of gradients and noise with OpenCV's chroma ``sampling`` (None: gray)."""
-    rng = np.random.default_rng([height, width, quality])
-    yy, xx = np.mgrid[0:height, 0:width]
-    pixels = np.stack([xx * 255 // max(width - 1, 1), yy * 255 // max(height - 1, 1), (xx + yy) % 256], -1)
-    pixels = (pixels // 2 + rng.integers(0, 128, (height, width, 3))).astype(np.uint8)
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
-    if sampling is None:
-        pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
-    else:
-        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, getattr(cv2, f"IMWRITE_JPEG_SAMPLING_FACTOR_{sampling}")]
-    ok, encoded = cv2.imencode(".jpg", pixels, params)
-    assert ok
-    return encoded.tobytes()
-
-
 @pytest.mark.parametrize("restart_rows", [False, True])
 def test_exact_crops_of_every_chroma_sampling(tmp_path, monkeypatch, restart_rows):
     """The exact path's decode (accurate IDCT, fancy upsampling: every upsampler libjpeg-turbo has,
@@ -141,7 +125,7 @@ def test_exact_crops_of_every_chroma_sampling(tmp_path, monkeypatch, restart_row
             for progressive in (False, True):
                 name = f"{i}-{sampling}-{int(progressive)}.jpg"
                 (tmp_path / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-                (tmp_path / "src" / f"c{i % 2}" / name).write_bytes(_synthetic_jpeg(h, w, sampling, progressive, 85 + i))
+                (tmp_path / "src" / f"c{i % 2}" / name).write_bytes(synthetic_jpeg(h, w, sampling, progressive, 85 + i))
     stoker.pack(tmp_path / "src", tmp_path / "ds", restart_rows=restart_rows, workers=1, progress=False)
     for spec in EXACT_SPECS:
         calls = Calls(monkeypatch)

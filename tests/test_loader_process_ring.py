@@ -112,20 +112,6 @@ def _epoch(path: Path, epoch: int, **options) -> stoker.Loader:
     return loader
 
 
-@pytest.fixture
-def damaged(photos, tmp_path) -> tuple[Path, str]:
-    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
-    dataset = stoker.ShardDataset(tmp_path / "ds")
-    index = len(dataset) // 2
-    shard, local = dataset.shards.locate(index)
-    reader = dataset.shards.reader(shard)
-    member = reader.index.sample_members(local)[0]
-    with open(reader.path, "r+b") as f:
-        f.seek(int(member["offset"]) + 100)
-        f.write(b"\0\1\2\3")
-    return tmp_path / "ds", dataset.key(index)
-
-
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_worker_s_damaged_sample_raises_as_itself_and_stops_the_workers(damaged, context):
     path, key = damaged

@@ -42,20 +42,6 @@ def test_one_process_of_many_threads_and_many_of_one_agree(packed):
     _assert_same(_batches(packed, processes=1, threads=4), _batches(packed, processes=3, threads=1))
 
 
-@pytest.fixture
-def damaged(photos, tmp_path) -> tuple[Path, str]:
-    stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
-    dataset = stoker.ShardDataset(tmp_path / "ds")
-    index = len(dataset) // 3
-    shard, local = dataset.shards.locate(index)
-    reader = dataset.shards.reader(shard)
-    member = reader.index.sample_members(local)[0]
-    with open(reader.path, "r+b") as f:
-        f.seek(int(member["offset"]) + 100)
-        f.write(b"\0\1\2\3")
-    return tmp_path / "ds", dataset.key(index)
-
-
 def test_a_damaged_sample_in_a_worker_raises_stoker_s_error_naming_it(damaged):
     path, key = damaged
     with pytest.raises(CorruptDataError, match="checksum mismatch") as caught:

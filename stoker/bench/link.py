@@ -245,9 +245,9 @@ class ShapedLink:
 
     def _send(self, client: socket.socket, piece: bytes) -> None:
         self._bucket.take(len(piece))
-        client.sendall(piece)
-        with self._lock:
+        with self._lock:  # counted before the client can see them: a reader's counts() then includes them
             self._counts["body_bytes"] += len(piece)
+        client.sendall(piece)
 
     def _draw(self, method: bytes, target: bytes, byte_range: bytes) -> tuple[str | None, float]:
         """This request's fault (or None) and where in the body a cut or reset falls (a fraction)."""

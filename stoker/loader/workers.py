@@ -29,8 +29,10 @@ FIRST_MEASURED, LAST_MEASURED = 2, 6
 WAITED_ENOUGH = 0.1
 # Threads that keep this share of the cores they could use busy are not limited by the GIL.
 USED_ENOUGH = 0.6
-# Below this many cores, worker processes measured slower than threads here (0.89-0.93x on 2 cores:
-# pickling, shared memory and the workers' own imports).
+# Below this many cores, threads are kept: on 2 cores worker processes measured 0.89-0.93x the threads
+# with fresh shared memory per batch, and ~1.0x with the shared ring (bench/scaling.py, native path);
+# a per-sample transform's batches still go through fresh memory, which is where the GIL would call
+# for processes, so there is nothing to win on so few cores.
 FEW_CORES = 4
 
 

@@ -111,8 +111,11 @@ class RemoteData:
                 raise CorruptDataError(f"{self.url}/{name}", None,
                                        f"bytes {start}-{end} asked, the object ends after {start + len(got)}")
 
+        # Once the main thread has ended, the process is exiting and waits for the reads ahead
+        # (a ThreadPoolExecutor's threads are joined at exit): those give up at their first error.
         with_retries(f"{self.url}/{name} (bytes {start}-{end})", rest, retries=None, backoff=0.05,
-                     timeout=self.read_timeout, max_pause=1.0, error=self.error)
+                     timeout=self.read_timeout, max_pause=1.0, error=self.error,
+                     give_up=lambda: not threading.main_thread().is_alive())
         return bytes(got)
 
     def prefetch(self, name: str, start: int, end: int) -> Future[bytes]:

@@ -19,7 +19,7 @@ MAX_PAUSE = 8.0
 
 def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, backoff: float = 0.5,
                  timeout: float | None = None, max_pause: float = MAX_PAUSE,
-                 error: type[RemoteError] = RemoteError) -> T:
+                 error: type[RemoteError] = RemoteError, give_up: Callable[[], bool] | None = None) -> T:
     """``action()``, retried after transient errors, pausing ``backoff``, then twice that, and so
     on up to ``max_pause`` (a store back after an outage is noticed within that), each pause
     jittered to between half and all of it (so clients that failed together do not retry
@@ -32,7 +32,8 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, 
     connection errors, aiohttp's, OSError) counts as transient. ``error`` messages name ``url``
     (give the range too where one is read), the attempts, the time and the last cause.
     ``action`` may keep what it got between attempts (a ranged read resumes from its last good
-    byte)."""
+    byte). ``give_up()`` true after a transient error ends the retries at once (a read ahead that
+    nobody will wait for)."""
     began = time.monotonic()
     attempt = 0
     while True:
@@ -48,7 +49,8 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, 
             attempt += 1
             pause = min(max_pause, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             elapsed = time.monotonic() - began
-            if retries is not None and attempt > retries or timeout is not None and elapsed + pause > timeout:
+            if (retries is not None and attempt > retries or timeout is not None and elapsed + pause > timeout
+                    or give_up is not None and give_up()):
                 raise error(f"{url}: failed after {attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f} s: "
                             f"{_cause(e)}") from None
             log.warning("%s: %s; retrying in %.1f s", url, _cause(e), pause)
