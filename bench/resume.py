@@ -14,7 +14,7 @@ together would): ``--mode global`` keeps the global batch (each rank's batch is 
 the rest of the epoch's global sequence needs.
 
     ../shared/hdd-profile -- .venv/bin/python bench/resume.py --version before=/work/wt/base
-    ../shared/hdd-profile -- .venv/bin/python bench/resume.py --world 2 --resume-world 3 --mode global
+    ../shared/hdd-profile -- .venv/bin/python bench/resume.py --world 3 --resume-world 2 --mode global
 """
 
 from __future__ import annotations

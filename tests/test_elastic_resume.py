@@ -367,3 +367,18 @@ def test_a_sampler_over_a_mix_resumed_on_another_world_size(packed):
     chunks = np.array([len(b) for b in delivered])
     assert sum(delivered, []) == first[0]._order.sequence(2, 0, 0, chunks, None).tolist()
     assert state["consumed"] == np.bincount(mix.source_of(sum(delivered[:6], [])), minlength=2).tolist()
+
+
+def test_a_rank_with_nothing_left_of_the_epoch_stays_in_it(packed):
+    """Fewer samples left than ranks: the last rank's pass is empty (the others take the last
+    samples), not the next epoch's, and every rank then goes on to the next epoch together."""
+    dataset = stoker.ShardDataset(packed)
+    first = stoker.Loader(dataset, 1, crop=CROP, seed=4, threads=1)
+    for _ in zip(range(len(dataset) - 3), first):
+        pass
+    state = first.state_dict()
+    ranks = [stoker.Loader(dataset, 1, crop=CROP, seed=4, threads=1, rank=r, world_size=4) for r in range(4)]
+    for loader in ranks:
+        loader.load_state_dict(state)
+    assert [sum(len(labels) for _, labels in loader) for loader in ranks] == [1, 1, 1, 0]
+    assert [loader.state_dict()["epoch"] for loader in ranks] == [1, 1, 1, 1]

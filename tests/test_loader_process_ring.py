@@ -102,7 +102,7 @@ def test_a_state_saved_mid_epoch_resumes_in_processes(packed, context):
     resumed = _loader(packed, processes=2, mp_context=context)
     resumed.load_state_dict(loader.state_dict())
     _assert_same(_copies(resumed), threads[3:])
-    assert resumed.epoch == 1  # and the next epoch from its start, by the same workers
+    assert resumed.epoch == 1  # and the next epoch from its start (new workers: its batches start at 0)
     _assert_same(_copies(resumed), _copies(_epoch(packed, 1, threads=2)))
 
 

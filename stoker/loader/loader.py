@@ -188,6 +188,7 @@ class Loader:
         self._on_device = needs_augment and not self._transform_plan.per_sample and self.device is not None \
             and self.device.type != "cpu"
         self._in_threads_augment = needs_augment and not self._on_device
+        self._thread_augment: ThreadAugment | None = None  # the threads' batched augmentation, made on first use
         self.on_error = on_error
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
@@ -267,15 +268,17 @@ class Loader:
             _log.info("stoker.Loader: resuming a state of %d ranks x %d on %d ranks x %d (%s)", saved.world_size,
                       saved.batch_size, self.world_size, self.batch_size, mode)
         self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
+        self._epoch_named = False
         self._consumed = saved.consumed
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
         plan = self._plan(self.epoch, self._position, self._consumed)
-        if not len(plan.batches) and self._position and not self._epoch_named:
+        if self._position and self._position >= plan.batches.end and not self._epoch_named:
             # The last pass stopped after the epoch's last batch without asking past it (Lightning
             # stops at len()): this pass is the next epoch's. After set_epoch(this epoch) it is empty.
+            # (The epoch's end, not this rank's: a rank may have no batch left while others have one.)
             self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
             plan = self._plan(self.epoch, 0, None)
         self._epoch_named = False
@@ -325,8 +328,12 @@ class Loader:
             return GpuBatchMaker(dataset, self.crop, *args, device=self.device)
         augment = None
         if self._in_threads_augment:
-            dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
-            augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu", backend="opencv", threads=1), dtype)
+            # One per seed, not per pass: worker processes are kept between passes whose makers are equal.
+            if self._thread_augment is None or self._thread_augment.augment.seed != self.seed:
+                dtype = torch.uint8 if steps.stage == "uint8" else steps.dtype
+                self._thread_augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu",
+                                                             backend="opencv", threads=1), dtype)
+            augment = self._thread_augment
         if isinstance(dataset, (ShardDataset, Mix)):
             return BatchMaker(dataset, self.crop, *args, augment=augment)
         from stoker.loader.clips import ClipBatchMaker
