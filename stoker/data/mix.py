@@ -6,16 +6,19 @@
       its own I/O-friendly order (epoch.py's sequence of that source, one shuffle per pass)
 
 stoker.Loader and QuasiRandomSampler read a Mix as they read a ShardDataset; the Loader's native
-decode path reads it too (:meth:`Mix.image_reads` gives every source's samples as arrays).
+decode path reads it too (:meth:`Mix.image_reads` gives every source's samples as arrays). The sources
+are all image sets (ShardDataset) or all video clip sets (stoker.VideoClipDataset): a Mix of clip
+sets is read as one clip set, the Loader's ClipBatchMaker taking each clip from its source.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -26,12 +29,38 @@ from stoker.data.epoch import Order, rank_batches
 from stoker.data.mix_plan import EXHAUSTED, Exhausted, MixOrder, MixSpec, exact_weights
 from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.data.readers import ReadBuffer
+from stoker.data.shards import ShardSet
 from stoker.errors import CorruptDataError, StokerError
 
 
+class ClipSet(Protocol):
+    """What Mix reads of a video clip set, a :class:`stoker.VideoClipDataset` (named by what it
+    has: stoker.video imports this layer, so this layer does not import it)."""
+
+    @property
+    def root(self) -> str: ...
+    @property
+    def shards(self) -> ShardSet: ...
+    @property
+    def transform(self) -> Any: ...
+    @property
+    def classes(self) -> list[str]: ...
+    @property
+    def targets(self) -> np.ndarray: ...
+    @property
+    def clip_len(self) -> int: ...
+    @property
+    def clips_per_video(self) -> int: ...
+    @property
+    def layout(self) -> str: ...
+    def key(self, index: int) -> str: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+
+
 class Mix(torch.utils.data.Dataset):
-    """A weighted mixture of ShardDatasets, read as one data set by stoker.Loader, or by a
-    DataLoader with a QuasiRandomSampler (give it the DataLoader's ``batch_size``).
+    """A weighted mixture of ShardDatasets, or of VideoClipDatasets, read as one data set by
+    stoker.Loader, or by a DataLoader with a QuasiRandomSampler (give it the DataLoader's ``batch_size``).
 
     ``weights``: each source's share of every batch (any positive numbers; normalized; default:
     proportional to the sources' sizes). Every batch is stratified: its count of source i differs
@@ -53,24 +82,32 @@ class Mix(torch.utils.data.Dataset):
     no labels is one class, its name. So a classifier trains on the union as it is, and
     :meth:`label_source` / :meth:`source_label` say which source a label (a batch's label tensor)
     came from and what its label was there. Items are the sources' items with the label shifted.
+
+    Video clip sets mix as image sets do (``clips``: True): the Loader gives their batches of
+    clips, each clip cut as its own source says (its sampling, stride, fps, frames or video
+    mode); the sources give clips of one shape and layout (``clip_len``, ``clips_per_video``,
+    ``layout``). Image sets and clip sets do not mix (no batch holds both).
     """
 
-    def __init__(self, sources: Mapping[str, ShardDataset], weights: Mapping[str, float] | None = None, *,
+    def __init__(self, sources: Mapping[str, ShardDataset | ClipSet], weights: Mapping[str, float] | None = None, *,
                  epoch_size: int | None = None, exhausted: Exhausted = "repeat") -> None:
         if not sources:
             raise ValueError("Mix needs at least one source")
         for name, source in sources.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"Mix's sources are named by non-empty strings, got {name!r}")
-            if not isinstance(source, ShardDataset):
-                raise TypeError(f"Mix source {name!r} is a {type(source).__name__}: Mix mixes ShardDatasets")
-            if source.target_transform is not None:
+            if not isinstance(source, ShardDataset) and not _is_clip_set(source):
+                raise TypeError(f"Mix source {name!r} is a {type(source).__name__}: Mix mixes ShardDatasets "
+                                "or VideoClipDatasets")
+            if isinstance(source, ShardDataset) and source.target_transform is not None:
                 raise ValueError(f"Mix source {name!r} has a target_transform: Mix shifts each source's labels into "
                                  "one class space, so give none (transform the Mix's labels instead)")
             if len(source) == 0:
                 raise StokerError(f"{source.root}: Mix source {name!r} has no samples")
         self.names = tuple(sources)
         self.sources = tuple(sources.values())
+        self.clips = _one_kind(sources)
+        self.layout = _clip_layout(sources) if self.clips else None  # the clips' (THWC or TCHW), one for all
         given = dict(weights) if weights is not None else {n: len(s) for n, s in sources.items()}
         if set(given) != set(self.names):
             raise ValueError(f"Mix's weights name {sorted(given)}, its sources {sorted(self.names)}: name each once")
@@ -90,8 +127,9 @@ class Mix(torch.utils.data.Dataset):
         self._label_counts = [_class_count(name, s) for name, s in zip(self.names, self.sources)]
         self._unlabeled = np.array([not s.classes and bool((s.targets < 0).all()) for s in self.sources])
         self.label_offsets = np.concatenate([[0], np.cumsum(self._label_counts)]).astype(np.int64)
-        self.on_error = "skip" if all(s.on_error == "skip" for s in self.sources) else "raise"
-        self.restart_rows = any(s.restart_rows for s in self.sources)  # JPEGs without a table decode as usual
+        images = [s for s in self.sources if isinstance(s, ShardDataset)]  # none in a Mix of clip sets
+        self.on_error = "skip" if images and all(s.on_error == "skip" for s in images) else "raise"
+        self.restart_rows = any(s.restart_rows for s in images)  # JPEGs without a table decode as usual
         self.root = f"Mix({', '.join(f'{n}={s.root}' for n, s in zip(self.names, self.sources))})"
         self._bounds: list[np.ndarray] | None = None
 
@@ -118,11 +156,15 @@ class Mix(torch.utils.data.Dataset):
         source = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return source, index - int(self.offsets[source])
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         index = int(index)
         source, local = self.locate(index + len(self) if index < 0 else index)
-        image, label = self.sources[source][local]
-        return image, int(self._labels(source, np.array([label]))[0])
+        sample, label, *rest = self.sources[source][local]  # a clip set's items end with the frames used
+        return (sample, self.mix_label(source, label), *rest)
+
+    def mix_label(self, source: int, label: int) -> int:
+        """Source ``source``'s label ``label`` as this mix's label."""
+        return int(self._labels(source, np.array([label]))[0])
 
     def _labels(self, source: int, labels: np.ndarray) -> np.ndarray:
         """Source ``source``'s ``labels`` as mix labels: shifted past the earlier sources' classes."""
@@ -173,13 +215,20 @@ class Mix(torch.utils.data.Dataset):
     def read_image(self, index: int, into: ReadBuffer | None = None) -> tuple[bytes | memoryview, int]:
         """The stored image bytes of mix sample ``index`` and its mix label (see :meth:`ShardDataset.read_image`)."""
         source, local = self.locate(int(index))
-        data, label = self.sources[source].read_image(local, into)
-        return data, int(self._labels(source, np.array([label]))[0])
+        data, label = self._image_set(source).read_image(local, into)
+        return data, self.mix_label(source, label)
 
     def decode_error(self, index: int, error: Exception) -> CorruptDataError:
         """The error for mix sample ``index``'s image not decoding: it names its source's shard and key."""
         source, local = self.locate(int(index))
-        return self.sources[source].decode_error(local, error)
+        return self._image_set(source).decode_error(local, error)
+
+    def _image_set(self, source: int) -> ShardDataset:
+        """Source ``source``, whose images are read (a Mix of clip sets is read clip by clip)."""
+        found = self.sources[source]
+        if not isinstance(found, ShardDataset):
+            raise TypeError(f"{self.root}: a Mix of video clip sets has no images to read: stoker.Loader reads its clips")
+        return found
 
     @contextmanager
     def image_reads(self, indices: np.ndarray) -> Iterator[ImageReads]:
@@ -197,7 +246,7 @@ class Mix(torch.utils.data.Dataset):
                 if reads.checksums is not None and not verify[source]:
                     continue
                 mine = np.flatnonzero(source_of == source)
-                part = held.enter_context(self.sources[source].image_reads(indices[mine] - self.offsets[source]))
+                part = held.enter_context(self._image_set(int(source)).image_reads(indices[mine] - self.offsets[source]))
                 reads.fds[mine], reads.offsets[mine], reads.sizes[mine] = part.fds, part.offsets, part.sizes
                 if reads.checksums is not None and part.checksums is not None:
                     reads.checksums[mine] = part.checksums
@@ -287,7 +336,35 @@ class MixLookahead:
             part.close()
 
 
-def _class_count(name: str, source: ShardDataset) -> int:
+def _is_clip_set(source: object) -> bool:
+    """Whether ``source`` is a stoker.VideoClipDataset (none exists before its module is imported,
+    so looked up there, not imported: stoker.video, and PyAV, stay out of this layer)."""
+    video = sys.modules.get("stoker.video.dataset")
+    return video is not None and isinstance(source, video.VideoClipDataset)
+
+
+def _one_kind(sources: Mapping[str, ShardDataset | ClipSet]) -> bool:
+    """Whether ``sources`` are video clip sets (else image sets): one kind, or a TypeError naming each."""
+    clips = [name for name, source in sources.items() if _is_clip_set(source)]
+    if clips and len(clips) < len(sources):
+        images = [name for name in sources if name not in clips]
+        raise TypeError(f"Mix mixes sources of one kind: {images} are image sets (ShardDataset), {clips} video clip "
+                        "sets (VideoClipDataset); a batch holds images or clips, not both")
+    return bool(clips)
+
+
+def _clip_layout(sources: Mapping[str, ShardDataset | ClipSet]) -> str:
+    """The layout of clip sets ``sources``, which must give clips of one shape (a batch stacks them)."""
+    shapes = {name: (s.clip_len, s.clips_per_video, s.layout) for name, s in sources.items()
+              if not isinstance(s, ShardDataset)}
+    if len(set(shapes.values())) > 1:
+        given = ", ".join(f"{name}: clip_len={n}, clips_per_video={c}, layout={lay}" for name, (n, c, lay) in shapes.items())
+        raise ValueError(f"Mix's clip sets give clips of different shapes ({given}): a batch stacks them, so give "
+                         "every source the same clip_len, clips_per_video and layout")
+    return next(iter(shapes.values()))[2]
+
+
+def _class_count(name: str, source: ShardDataset | ClipSet) -> int:
     """How many mix labels ``source`` takes: its classes, else its largest label + 1, else (no labels) one."""
     if source.classes:
         return len(source.classes)

@@ -7,8 +7,8 @@
                           ─> optional per-sample transform
     __iter__ yields (images, labels) in order; images are NCHW views of NHWC memory (channels_last)
 
-A VideoClipDataset gives batches of clips the same way (stoker/loader/clips.py): (B, T, H, W, 3),
-one crop and flip per clip.
+A VideoClipDataset, or a Mix of them, gives batches of clips the same way (stoker/loader/clips.py):
+(B, T, H, W, 3), one crop and flip per clip.
 
 By default no worker processes: nothing is pickled, copied between processes or started per
 epoch. With ``processes=N`` (for per-sample transforms that hold the GIL) a torch DataLoader's
@@ -56,11 +56,11 @@ _log = logging.getLogger(__name__)
 class Loader:
     """Iterate ``(images, labels)`` batches of ``dataset`` (a ShardDataset), like a DataLoader.
 
-    With a :class:`stoker.VideoClipDataset` the batches are clips, (B, T, H, W, 3) uint8 (with
-    several clips per video, (B, clips, T, H, W, 3)): ``crop`` cuts every frame of a clip the same
-    way, each frame decoded at the smallest JPEG DCT scale the crop allows (frames mode). The
-    frames of each clip are chosen as the data set's ``sampling`` says, drawn from the loader's
-    ``seed`` and epoch. ``layout`` defaults to the data set's (THWC, or TCHW for (B, T, 3, H, W)).
+    With a :class:`stoker.VideoClipDataset` (or a :class:`stoker.Mix` of them) the batches are
+    clips, (B, T, H, W, 3) uint8 (with several clips per video, (B, clips, T, H, W, 3)): ``crop``
+    cuts every frame of a clip the same way, each frame decoded at the smallest JPEG DCT scale the
+    crop allows (frames mode). The frames of each clip are chosen as its data set's ``sampling``
+    says, drawn from the loader's ``seed`` and epoch. ``layout`` defaults to the data set's (THWC, or TCHW for (B, T, 3, H, W)).
 
     ``crop`` says what every image becomes (see :class:`CropSpec`; default RandomResizedCrop to
     224x224 with flips). ``order``: ``quasi_random`` (default; blocks of a shard shuffled, read
@@ -171,7 +171,7 @@ class Loader:
         self.seed = SEED.check(seed)
         self.drop_last = drop_last
         # clips: the data set's layout (images: NCHW)
-        self.layout = layout or ("NCHW" if isinstance(dataset, (ShardDataset, Mix)) or dataset.layout == "TCHW" else "NHWC")
+        self.layout = layout or ("NHWC" if not isinstance(dataset, ShardDataset) and dataset.layout == "THWC" else "NCHW")
         self.device = torch.device(device) if device is not None else None
         self.decode = decode
         if decode == "gpu":
@@ -334,10 +334,12 @@ class Loader:
                 self._thread_augment = ThreadAugment(Augment(*steps.ops, seed=self.seed, device="cpu",
                                                              backend="opencv", threads=1), dtype)
             augment = self._thread_augment
-        if isinstance(dataset, (ShardDataset, Mix)):
+        if self._maker_type is BatchMaker:
+            assert isinstance(dataset, (ShardDataset, Mix))  # _maker_type: images
             return BatchMaker(dataset, self.crop, *args, augment=augment)
         from stoker.loader.clips import ClipBatchMaker
 
+        assert not isinstance(dataset, ShardDataset)  # _maker_type: clips, of a VideoClipDataset or a Mix of them
         assert self.crop is not None  # _plan_transform gives clips a crop (CropSpec() by default)
         return ClipBatchMaker(dataset, self.crop, *args, augment=augment)
 
@@ -465,12 +467,12 @@ def _gpu_for_decoding(maker_type: type[BatchMaker], plan: TransformPlan, process
 
 
 def _maker_type(dataset: ShardDataset | Mix | VideoClipDataset) -> type[BatchMaker]:
-    """What makes the batches of ``dataset``: images, or video clips."""
-    if isinstance(dataset, (ShardDataset, Mix)):
+    """What makes the batches of ``dataset``: images, or video clips (a VideoClipDataset, or a Mix of them)."""
+    if isinstance(dataset, ShardDataset) or (isinstance(dataset, Mix) and not dataset.clips):
         return BatchMaker
     from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
     from stoker.video.dataset import VideoClipDataset
 
-    if not isinstance(dataset, VideoClipDataset):
+    if not isinstance(dataset, (Mix, VideoClipDataset)):
         raise TypeError(f"Loader reads a ShardDataset, a Mix or a VideoClipDataset, got {type(dataset).__name__}")
     return ClipBatchMaker

@@ -67,6 +67,11 @@ class VideoClipDataset(torch.utils.data.Dataset):
         """Class names; index i is label i."""
         return list(self.shards.manifest.classes or [])
 
+    @property
+    def targets(self) -> np.ndarray:
+        """Every video's label (int64 array), read from the indexes without touching shard data."""
+        return self.shards.column("label")
+
     def __getitem__(self, index: int) -> tuple[Any, int, torch.Tensor]:
         video = self.open_video(int(index))
         rng = np.random.default_rng(None if self.seed is None else [self.seed, int(index)])
