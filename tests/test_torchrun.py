@@ -76,18 +76,26 @@ def trained(lines: list[list[dict]], epoch: int) -> Counter:
 
 
 def test_torchrun_restarts_after_a_kill_and_every_sample_is_trained_once(numbered, tmp_path):
-    run, records = torchrun(numbered, tmp_path, "restarted", processes=2, batch=BATCH, crash_at=CRASH_AT, restarts=1,
+    # Up to 3 restarts: on a busy machine a restarted gloo group can abort while it connects
+    # (pytorch/pytorch#135712, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE already set); torchrun then
+    # restarts again from the last checkpoint, which is what a user's job does too.
+    run, records = torchrun(numbered, tmp_path, "restarted", processes=2, batch=BATCH, crash_at=CRASH_AT, restarts=3,
                             checkpoint=tmp_path / "run.pt")
     assert run.returncode == 0, run.stderr[-5000:]
+    final = max(line["attempt"] for line in records[0])
     killed = [[line for line in rank if line["attempt"] == 0] for rank in records]
-    resumed = [[line for line in rank if line["attempt"] == 1] for rank in records]
+    resumed = [[line for line in rank if line["attempt"] == final] for rank in records]
     assert [line["step"] for line in killed[0]] == [1, 2, 3], "step 3 was trained after the checkpoint, then killed"
+    start = resumed[0][0]["step"]
+    # each step before the final attempt's first, as the last attempt that trained it did: what the checkpoint holds
+    earlier = [{line["step"]: line for line in rank if line["attempt"] < final} for rank in records]
+    kept = [[steps[step] for step in sorted(steps) if step < start] for steps in earlier]
     for rank in range(2):  # the same ranks go on with the batch that followed the checkpoint
-        assert resumed[rank][0] == {**killed[rank][EVERY], "attempt": 1}
-    kept = [rank[:EVERY] for rank in killed]  # what the checkpoint holds
+        if start in earlier[rank]:
+            assert resumed[rank][0] == {**earlier[rank][start], "attempt": final}
     assert trained(kept, 0) + trained(resumed, 0) == Counter(range(NUMBERED))
-    assert trained(resumed, 1) == Counter(range(NUMBERED)), "the next epoch is whole"
-    assert [line["step"] for line in resumed[0]] == list(range(EVERY + 1, 2 * NUMBERED // (2 * BATCH) + 1))
+    assert trained(kept, 1) + trained(resumed, 1) == Counter(range(NUMBERED)), "the next epoch is whole"
+    assert [line["step"] for line in resumed[0]] == list(range(start, 2 * NUMBERED // (2 * BATCH) + 1))
 
 
 def test_killed_on_one_process_resumed_on_two(numbered, tmp_path):
