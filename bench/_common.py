@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import stoker
 from stoker.bench.loader import prepare_data
 
 
@@ -38,6 +39,15 @@ def disk_profile() -> str:
 def prepared_photos(data: Path, count: int) -> tuple[Path, Path]:
     """Sample photos and their packed shards under ``data``, made once and reused."""
     return prepare_data(data, count)
+
+
+def packed_photos(data: Path, count: int, shard_bytes: int) -> Path:
+    """The sample photos packed into shards of about ``shard_bytes`` (made once, beside the others)."""
+    photos, _ = prepared_photos(data, count)
+    shards = data / f"shards-{shard_bytes >> 20}m"
+    if not (shards / "stoker.json").is_file():
+        stoker.pack(photos, shards, shard_bytes=shard_bytes, workers=os.cpu_count() or 1)
+    return shards
 
 
 def median_runs(runs: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:

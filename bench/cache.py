@@ -32,21 +32,12 @@ from stoker.bench.link import start_link_process
 from stoker.format import read_manifest
 from stoker.storage import evict
 
-from _common import header, prepared_photos
+from _common import header, packed_photos
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.s3server import S3Server  # noqa: E402 -- the tests' moto server, started the same way
 
 SHARD_BYTES = 32 << 20  # ~9 shards of the 4,000 photos: enough to cache half of them
-
-
-def packed_data(data: Path, count: int) -> Path:
-    """The sample photos packed into 32 MiB shards (made once)."""
-    photos, _ = prepared_photos(data, count)
-    shards = data / "shards-32m"
-    if not (shards / "stoker.json").is_file():
-        stoker.pack(photos, shards, shard_bytes=SHARD_BYTES, workers=os.cpu_count() or 1)
-    return shards
 
 
 def evict_all(shards: Path) -> None:
@@ -200,7 +191,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=50.0)
     args = parser.parse_args()
     header(f"node cache, part {args.part}")
-    shards = packed_data(args.data, args.count)
+    shards = packed_photos(args.data, args.count, SHARD_BYTES)
     if args.part == "hdd":
         hdd(shards, args.repeat)
     else:

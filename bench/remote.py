@@ -27,7 +27,7 @@ import stoker
 from stoker.bench.link import start_link_process
 from stoker.format import read_manifest
 
-from _common import header, prepared_photos
+from _common import header, packed_photos
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.s3server import S3Server  # noqa: E402 -- the tests' moto server, started the same way
@@ -39,15 +39,6 @@ BATCH = 256
 # FakeKey.value): over one 150 MB shard a 2 MiB range cost ~150 MB of copying and the ranges of a shard
 # queued behind each other (210 img/s here, against 790 with these shards). S3 does neither.
 SHARD_BYTES = 16 << 20
-
-
-def packed_data(data: Path, count: int) -> Path:
-    """The sample photos packed into 16 MiB shards (made once)."""
-    photos, _ = prepared_photos(data, count)
-    shards = data / "shards-16m"
-    if not (shards / "stoker.json").is_file():
-        stoker.pack(photos, shards, shard_bytes=SHARD_BYTES, workers=os.cpu_count() or 1)
-    return shards
 
 
 def loader_pass(dataset: stoker.ShardDataset) -> tuple[float, float]:
@@ -83,7 +74,7 @@ def main() -> None:
     parser.add_argument("--rate-mbit", type=float, default=1000.0)
     args = parser.parse_args()
     header(f"object store at {args.delay_ms:.0f} ms, {args.rate_mbit:.0f} Mbit/s")
-    shards = packed_data(args.data, args.count)
+    shards = packed_photos(args.data, args.count, SHARD_BYTES)
     manifest = read_manifest(shards)
     photo_bytes = sum(e.bytes for e in manifest.shards) / manifest.num_samples
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-remote-"))

@@ -10,9 +10,8 @@ import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import BlockOrder, EpochPlan, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.mix import Mix
+from stoker.data.mix import Mix, epoch_order_of, reads_ahead, state_of
 from stoker.data.mix_plan import MixOrder
-from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
 from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
@@ -80,17 +79,11 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self.epoch = 0
         self._pass_start = 0  # samples of this epoch consumed (all ranks) before the pass: after load_state_dict, not 0
         self._pass_done = False  # the pass reached the end (DataLoader workers may still be delivering it)
-        self._order: BlockOrder | MixOrder
-        if isinstance(dataset, Mix):
-            self.window = window
-            self._order = dataset.epoch_order("quasi_random" if shuffle else "sequential", window)
-            self._dataset = dataset.digest()
-        else:
-            self.shards = dataset.shards
-            self.bounds = block_bounds_of(self.shards)
-            self.window = open_blocks(self.shards, window)
-            self._order = BlockOrder(self.bounds, "quasi_random" if shuffle else "sequential", self.window)
-            self._dataset = self.shards.manifest.digest()
+        self._order = epoch_order_of(dataset, "quasi_random" if shuffle else "sequential", window)
+        self.window = self._order.window
+        if isinstance(dataset, ShardDataset):
+            assert isinstance(self._order, BlockOrder)
+            self.shards, self.bounds = dataset.shards, self._order.bounds
         self.total_samples = len(self._order)  # all ranks; len(self) is this rank's part
         self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source before the pass
         self._pass_plan: EpochPlan | None = None  # the plan of the pass last started (a Mix's state counts from it)
@@ -145,9 +138,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             self._pass_start, self._pass_done, self._consumed = 0, False, None
         self._pass_plan = self._plan(self._pass_start)
         share = self._pass_plan.share
-        ahead: ReadsAhead = self.dataset.lookahead(share, self.window, hint_blocks=self.readahead) \
-            if isinstance(self.dataset, Mix) else Lookahead(self.shards, self.bounds, share, self.window,
-                                                          hint_blocks=self.readahead)
+        ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead)
         try:
             for start in range(0, len(share), _HINT_EVERY):
                 ahead.advance(start)
@@ -182,8 +173,6 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def _position(self, samples_done: int, consumed: tuple[int, ...] | None = None) -> Position:
         window, blocks = self._order.settings()
-        mix = self.dataset.describe() if isinstance(self.dataset, Mix) else None
-        if isinstance(self.dataset, Mix):
-            consumed = consumed or (0,) * len(self.dataset.sources)
-        return Position("QuasiRandomSampler", self._dataset, self.seed, self.epoch, self.num_replicas, self.rank,
+        dataset, mix, consumed = state_of(self.dataset, consumed)
+        return Position("QuasiRandomSampler", dataset, self.seed, self.epoch, self.num_replicas, self.rank,
                         self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix, consumed)

@@ -29,10 +29,9 @@ import torch
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import ORDERS, BlockOrder, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.mix import Mix
-from stoker.data.mix_plan import MixOrder
-from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
+from stoker.data.epoch import ORDERS, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
+from stoker.data.mix import Mix, epoch_order_of, reads_ahead, state_of
+from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
 from stoker.loader.buffers import BatchRing
@@ -193,14 +192,8 @@ class Loader:
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
         self._workers: WorkerProcesses | None = None  # with processes: kept from one whole pass to the next
-        self._epoch_order: BlockOrder | MixOrder
-        if isinstance(dataset, Mix):  # each source's blocks and window: the Mix's epoch order
-            self.window, self._epoch_order, self._dataset = window, dataset.epoch_order(order, window), dataset.digest()
-        else:
-            self._bounds = block_bounds_of(dataset.shards)
-            self.window = open_blocks(dataset.shards, window)
-            self._epoch_order = BlockOrder(self._bounds, order, self.window)
-            self._dataset = dataset.shards.manifest.digest()
+        self._epoch_order = epoch_order_of(dataset, order, window)
+        self.window = self._epoch_order.window
         self.epoch = 0
         self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
         self._epoch_named = False  # set_epoch named the epoch of the next pass (at its end: an empty pass)
@@ -283,9 +276,7 @@ class Loader:
             plan = self._plan(self.epoch, 0, None)
         self._epoch_named = False
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead: ReadsAhead = self.dataset.lookahead(plan.share, self.window, hint_blocks=self.order != "random") \
-            if isinstance(self.dataset, Mix) else Lookahead(self.dataset.shards, self._bounds, plan.share, self.window,
-                                                          hint_blocks=self.order != "random")
+        ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random")
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
@@ -403,9 +394,8 @@ class Loader:
 
     def _record(self, epoch: int, samples_done: int) -> Position:
         window, blocks = self._epoch_order.settings()
-        mix, consumed = (self.dataset.describe(), self._consumed or (0,) * len(self.dataset.sources)) \
-            if isinstance(self.dataset, Mix) else (None, None)
-        return Position("Loader", self._dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
+        dataset, mix, consumed = state_of(self.dataset, self._consumed)
+        return Position("Loader", dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
                         self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
 
     def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
