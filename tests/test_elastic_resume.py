@@ -24,6 +24,7 @@ import stoker
 from stoker.data.epoch import BlockOrder, epoch_sequence, plan_epoch, rank_batches
 from stoker.data.mix_plan import MixOrder, MixSpec, exact_weights
 from stoker.data.order import block_bounds
+from stoker.data.readahead import block_bounds_of
 from stoker.state import Position, StateError, resume_mode
 
 ORDERS = ("quasi_random", "random", "sequential")
@@ -270,7 +271,7 @@ def test_real_loaders_resumed_on_other_world_sizes_deliver_the_plan(packed, fing
     delivered, seed, last_global = loader_run(packed, fingerprints, rng, processes, drop_last)
     dataset = stoker.ShardDataset(packed, block_bytes=64 << 10)
     loader = stoker.Loader(dataset, 1, crop=CROP, seed=seed, window=3)
-    expected = epoch_sequence(loader._bounds, "quasi_random", loader.window, seed, 0)
+    expected = epoch_sequence(block_bounds_of(dataset.shards), "quasi_random", loader.window, seed, 0)
     assert delivered == expected[: len(delivered)].tolist()
     if drop_last:
         assert len(expected) - len(delivered) < last_global
