@@ -18,6 +18,17 @@ SMALL_SHARD = 600_000  # ~8 photos of ~70 KB: many shards from a small set
 NUMBERED = 48  # samples of `numbered`, each its own class
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_home(tmp_path_factory):
+    """Keep stoker's node-local files (``$XDG_CACHE_HOME/stoker``: remote metadata, source stamps,
+    packs made by ``loader_for``) in the session's temporary folder, never the user's ``~/.cache``.
+    Set in ``os.environ`` so that worker processes and subprocesses inherit it; a test may still
+    point it elsewhere with ``monkeypatch``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def photos(tmp_path_factory) -> Path:
     """An ImageFolder tree of real-looking JPEG photos (read-only for tests)."""
