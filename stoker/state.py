@@ -211,6 +211,10 @@ class Position:
             if mix is None or sum(consumed) != values["samples_done"]:
                 raise StateError(f"{name} cannot load this state: consumed={list(consumed)!r} must count a "
                                  f"mixture's samples_done={values['samples_done']!r} per source (mix={mix!r})")
+        elif mix is not None and values["samples_done"] != 0:
+            raise StateError(f"{name} cannot load this state: a mixture's state after "
+                             f"samples_done={values['samples_done']!r} samples needs consumed, the count of each "
+                             f"source's samples among them, and has none (mix={mix!r})")
         return cls(
             part=part,
             dataset=values["dataset"],

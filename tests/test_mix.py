@@ -255,3 +255,5 @@ def test_a_state_whose_source_counts_do_not_add_up_is_refused(halves):
     assert sum(state["consumed"]) == state["samples_done"] == 10
     with pytest.raises(StateError, match=r"consumed=\[6, 5\] must count a mixture's samples_done=10"):
         loader.load_state_dict({**state, "consumed": [6, 5]})
+    with pytest.raises(StateError, match=r"a mixture's state after samples_done=10 samples needs consumed"):
+        loader.load_state_dict({**state, "consumed": None})
