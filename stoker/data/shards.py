@@ -1,5 +1,5 @@
 """A data set as a whole: its manifest, where each sample lives, and one reader per open shard
-(see :mod:`stoker.data.readers`), optionally through a node cache.
+(see :mod:`stoker.data.readers` and :mod:`stoker.data.remote_reader`), optionally through a node cache.
 
 Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
 at most ``max_open_shards`` at a time, and pickling carries only the path and options, so a
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.data.readers import CachedShardReader, RemoteShardReader, ShardReader
+from stoker.data.readers import CachedShardReader, ShardReader
+from stoker.data.remote_reader import RemoteShardReader
 from stoker.format import Manifest, ShardIndex, read_manifest
 from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
