@@ -292,9 +292,9 @@ class Mix(torch.utils.data.Dataset):
         exact = ":".join(map(str, self._exact))
         return f"weights {weights} (exactly {exact}); epoch_size {self.epoch_size}; exhausted {self.exhausted}"
 
-    def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True) -> MixLookahead:
+    def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True, reads_here: bool = True) -> MixLookahead:
         """Reading ahead of ``order`` (mix indices): each source's own (see :class:`Lookahead`)."""
-        return MixLookahead(self, order, window, hint_blocks)
+        return MixLookahead(self, order, window, hint_blocks, reads_here)
 
     def __repr__(self) -> str:
         weights = ", ".join(f"{n!r}: {w:.3g}" for n, w in self.weights.items())
@@ -305,11 +305,12 @@ class MixLookahead:
     """A :class:`Lookahead` per source over its part of a mixed order: each source's blocks are
     hinted (or its shards staged) in the order that source's samples come up."""
 
-    def __init__(self, mix: Mix, order: np.ndarray, window: int, hint_blocks: bool = True) -> None:
+    def __init__(self, mix: Mix, order: np.ndarray, window: int, hint_blocks: bool = True,
+                 reads_here: bool = True) -> None:
         self.mix = mix
         source_of = mix.source_of(order)
         self.positions = [np.flatnonzero(source_of == i) for i in range(len(mix.sources))]
-        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks)
+        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here)
                       for i, (s, b, w, p) in enumerate(zip(mix.sources, mix.bounds(), mix.windows(window),
                                                            self.positions))]
 
@@ -389,12 +390,20 @@ def epoch_order_of(dataset: ShardDataset | ClipSet | Mix, order: Order, window: 
 
 
 def reads_ahead(dataset: ShardDataset | ClipSet | Mix, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
-                hint_blocks: bool) -> ReadsAhead:
-    """The reading ahead of a pass over ``share`` (see :class:`Lookahead`): a Mix's reads each source's."""
+                hint_blocks: bool, reads_here: bool) -> ReadsAhead:
+    """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
+    process reads the samples): a Mix's reads each source's."""
     if isinstance(dataset, Mix):
-        return dataset.lookahead(share, epoch_order.window, hint_blocks)
+        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here)
     assert isinstance(epoch_order, BlockOrder)
-    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks=hint_blocks)
+    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
+
+
+def fetches_per_process(dataset: ShardDataset | ClipSet | Mix) -> bool:
+    """Whether reading ``dataset`` fetches from an object store into the memory of each process
+    that reads (a source at a URL without a node cache, which processes would share)."""
+    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
+    return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
 
 
 def state_of(dataset: ShardDataset | ClipSet | Mix,

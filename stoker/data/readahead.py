@@ -5,6 +5,7 @@ reads; this module decides what to read next."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 import numpy as np
@@ -12,6 +13,10 @@ import numpy as np
 from stoker.data.order import block_bounds, block_schedule, shard_schedule
 from stoker.data.shards import ShardSet
 from stoker.storage.stager import Stager
+
+# Blocks read ahead from an object store that closing a pass takes back: the latest ones (the
+# earlier ones are fetched: the remote readers fetch in the order hinted, a few in flight).
+_CANCELLABLE = 256
 
 
 def block_bounds_of(shards: ShardSet) -> np.ndarray:
@@ -49,6 +54,8 @@ class BlockReadahead:
         mean_block_samples = max(1, int(bounds[-1]) // max(1, len(bounds) - 1))
         self.ahead = window * mean_block_samples
         self._next = 0
+        # (shard, first, last) of the latest blocks read ahead from an object store: all that may still be queued.
+        self._hinted_remote: deque[tuple[int, int, int]] = deque(maxlen=_CANCELLABLE)
         # Per block, its place in the order in which blocks are hinted (blocks never needed: last).
         self._hint_rank = np.full(max(0, len(bounds) - 1), len(self.blocks), dtype=np.int64)
         self._hint_rank[self.blocks] = np.arange(len(self.blocks))
@@ -62,7 +69,19 @@ class BlockReadahead:
             start, stop = int(self.bounds[block]), int(self.bounds[block + 1])
             shard, local = self.shards.locate(start)  # a block lies within one shard
             self.shards.reader(shard).readahead(local, local + (stop - start) - 1)
+            if self.shards.remote is not None:
+                self._hinted_remote.append((shard, local, local + (stop - start) - 1))
             self._next += 1
+
+    def close(self) -> None:
+        """Drop the blocks read ahead from an object store that are not yet fetched (a loop that left
+        its pass early would otherwise download them, and the next pass's reads queue behind them).
+        A kernel hint cannot be taken back; a cheap one is left to the kernel."""
+        for shard, first, last in self._hinted_remote:
+            reader = self.shards.open_reader(shard)
+            if reader is not None:  # a reader closed since then took back its reads ahead
+                reader.cancel_readahead(first, last)
+        self._hinted_remote.clear()
 
     def arrival_order(self, indices: np.ndarray) -> np.ndarray:
         """Positions of ``indices`` sorted by when their bytes arrive from a cold disk: by the order
@@ -89,14 +108,18 @@ class Lookahead:
     """Everything a reader does ahead of its order: with a node cache, a :class:`Stager` copies
     whole shards into it; without one, :class:`BlockReadahead` hints blocks to the kernel (unless
     ``hint_blocks`` is False: a fully random order would read each block for one sample).
-    Call :meth:`advance` as the order is consumed and :meth:`close` at the end."""
+    Blocks of an object store are fetched into the memory of the process that hints them, so they
+    are read ahead only where the samples are read (``reads_here``); the node cache and a disk's
+    page cache serve every process. Call :meth:`advance` as the order is consumed and
+    :meth:`close` at the end."""
 
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
-                 hint_blocks: bool = True) -> None:
+                 hint_blocks: bool = True, reads_here: bool = True) -> None:
         cache = shards.cache
         self.stager = (Stager(cache, *shard_schedule(shards.starts, order), ahead=shards.cache_ahead)
                        if cache is not None else None)
-        self.blocks = BlockReadahead(shards, bounds, order, window) if hint_blocks and self.stager is None else None
+        hint = hint_blocks and self.stager is None and (reads_here or shards.remote is None)
+        self.blocks = BlockReadahead(shards, bounds, order, window) if hint else None
 
     def advance(self, position: int) -> None:
         """The reader is about to read ``order[position:]``."""
@@ -110,6 +133,8 @@ class Lookahead:
         return self.blocks.arrival_order(indices) if self.blocks is not None else np.argsort(indices, kind="stable")
 
     def close(self) -> None:
-        """Stop staging."""
+        """Stop staging, and drop what is read ahead and not yet fetched."""
         if self.stager is not None:
             self.stager.close()
+        if self.blocks is not None:
+            self.blocks.close()

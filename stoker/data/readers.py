@@ -118,6 +118,9 @@ class ShardReader:
         finally:
             self._release()
 
+    def cancel_readahead(self, first: int, last: int) -> None:
+        """Take back :meth:`readahead` of samples ``first..last`` where it can be (a kernel hint cannot)."""
+
     def close(self) -> None:
         """Close the shard file now, or as soon as the reads in flight end."""
         with self._lock:
@@ -228,6 +231,10 @@ class CachedShardReader(ShardReader):
         """Hint the source's page cache while the shard is not cached (a cached copy is in RAM or on SSD)."""
         if self._fd is None:
             self.source.readahead(first, last)
+
+    def cancel_readahead(self, first: int, last: int) -> None:
+        """Take back the source's read-ahead of samples ``first..last``."""
+        self.source.cancel_readahead(first, last)
 
     def close(self) -> None:
         """Close the cached copy and the source."""

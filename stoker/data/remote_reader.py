@@ -126,6 +126,15 @@ class RemoteShardReader(ShardReader):
             while len(self._spans) > _REMOTE_SPANS:
                 self._spans.popitem(last=False)[1].cancel()
 
+    def cancel_readahead(self, first: int, last: int) -> None:
+        """Drop the read-ahead of samples ``first..last`` (its parts not yet begun are never fetched)."""
+        start, _ = self.index.span(first, last)
+        with self._lock:
+            span = self._spans.get(start)
+            if span is not None and span.first == first and span.last == last:
+                del self._spans[start]
+                span.cancel()
+
     def close(self) -> None:
         """Drop the blocks held in memory and those read ahead."""
         with self._lock:

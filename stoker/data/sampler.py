@@ -40,7 +40,9 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     block (``posix_fadvise`` WILLNEED) about one window before its first sample is yielded, so the
     disk streams while the current window is consumed. The page cache is shared, so this helps
     DataLoader workers in other processes too. With a node cache (``ShardDataset(cache_dir=...)``)
-    a stager copies whole shards into it in the order the sampler will need them instead.
+    a stager copies whole shards into it in the order the sampler will need them instead. From an
+    object store without a node cache nothing is read ahead: blocks fetched into the sampler's
+    process would go unread by the workers (give ``cache_dir``, or read with :class:`stoker.Loader`).
     Mixing is weaker than a full shuffle when the pack kept samples sorted by class: pack with
     ``--shuffle-seed`` or raise ``window`` (see :func:`stoker.data.order.classes_per_batch`).
 
@@ -138,7 +140,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
             self._pass_start, self._pass_done, self._consumed = 0, False, None
         self._pass_plan = self._plan(self._pass_start)
         share = self._pass_plan.share
-        ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead)
+        # DataLoader workers read in other processes: blocks of an object store fetched here would go unread.
+        ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead, reads_here=False)
         try:
             for start in range(0, len(share), _HINT_EVERY):
                 ahead.advance(start)

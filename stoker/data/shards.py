@@ -125,6 +125,13 @@ class ShardSet:
                 self._readers.popitem(last=False)[1].close()
         return reader
 
+    def open_reader(self, shard: int) -> ShardReader | None:
+        """The reader of shard number ``shard`` if this process has it open, else None (opening none)."""
+        if self._pid != os.getpid():
+            return None
+        with self._lock:
+            return self._readers.get(shard)
+
     def index(self, shard: int) -> ShardIndex:
         """The index of shard number ``shard``."""
         return self.reader(shard).index

@@ -30,7 +30,7 @@ import torch
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.mix import Mix, epoch_order_of, reads_ahead, state_of
+from stoker.data.mix import Mix, epoch_order_of, fetches_per_process, reads_ahead, state_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
@@ -276,7 +276,8 @@ class Loader:
             plan = self._plan(self.epoch, 0, None)
         self._epoch_named = False
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random")
+        ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
+                            reads_here=self.processes == 0)
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
@@ -296,7 +297,8 @@ class Loader:
 
     def _choose_workers(self, cores_used: float, waited: float) -> None:
         """Run the next passes as the first batches say (:func:`choose_workers`), and stop measuring."""
-        self.workers = choose_workers(available_cores(), self.threads, cores_used, waited)
+        self.workers = choose_workers(available_cores(), self.threads, cores_used, waited,
+                                      fetches_per_process(self.dataset))
         self.processes, self.threads = self.workers.processes, self.workers.threads
         self._first_batches = None
         _log.info("stoker.Loader: %s (%s)", self.workers.describe(), self.workers.reason)

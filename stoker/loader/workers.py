@@ -59,13 +59,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose_workers(cores: int, threads: int, cores_used: float, waited: float) -> WorkerChoice:
+def choose_workers(cores: int, threads: int, cores_used: float, waited: float,
+                   fetches_per_process: bool = False) -> WorkerChoice:
     """What to run the next passes with, from what ``threads`` threads of one process did in the
     first batches: ``cores_used`` (CPU seconds per second) while the training loop ``waited`` (the
-    share of the time it was blocked on the Loader)."""
+    share of the time it was blocked on the Loader). ``fetches_per_process``: the data comes from
+    an object store into each reading process's memory (no node cache), where worker processes
+    would each fetch the blocks of the samples they share out, and threads are kept."""
     measured = f"{threads} threads used {cores_used:.1f} of {cores} cores while the loop waited {waited:.0%} of the time"
     if waited < WAITED_ENOUGH:
         return WorkerChoice(0, threads, f"{measured}: the Loader keeps up, threads kept")
+    if fetches_per_process:
+        return WorkerChoice(0, threads, f"{measured}: threads kept, as the data comes from an object store without "
+                                        "a node cache, which worker processes would each fetch (give the data set "
+                                        "cache_dir= to share one copy between processes)")
     if cores < FEW_CORES:
         return WorkerChoice(0, threads, f"{measured}: on fewer than {FEW_CORES} cores threads beat worker processes")
     if cores_used >= USED_ENOUGH * min(threads, cores):
