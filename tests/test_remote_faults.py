@@ -94,6 +94,28 @@ def test_a_cut_read_resumes_from_its_last_good_byte(s3, remote, packed, link):
     assert counts["body_bytes"] == size  # the second request asked only for what the first did not bring
 
 
+@pytest.mark.parametrize("fault", ["cut", "reset"])
+def test_a_whole_shard_download_cut_short_resumes(s3, remote, packed, link, tmp_path, fault):
+    """The node cache's and `stoker stage`'s download of a whole shard (one streamed GET, s3fs's
+    get_file): what arrived before the fault is kept, and the second request asks for the rest
+    (after a cut exactly the rest; a reset drops the bytes in flight, so there it starts earlier)."""
+    entry = stoker.ShardDataset(packed).shards.manifest.shards[0]
+    data = RemoteData(remote, through(s3, link))
+    link.inject(fault)
+    committed = []
+    data.download(entry.name, entry.bytes, entry.checksum, tmp_path / "partial",
+                  lambda copy: committed.append(copy.read_bytes()))
+    assert committed == [(packed / entry.name).read_bytes()]
+    assert not (tmp_path / "partial").exists()
+    counts = link.counts()
+    assert counts[fault] == 1 and counts["requests"] == 2
+    first, second = link.ranges()
+    kept = int(second.removeprefix("bytes=").split("-")[0])
+    assert first in ("", f"bytes=0-{entry.bytes - 1}") and 0 < kept < entry.bytes, (first, second)
+    if fault == "cut":
+        assert counts["body_bytes"] == entry.bytes
+
+
 def test_a_reset_read_is_read_again(s3, remote, packed, link):
     """(Bytes in flight when a reset arrives are dropped by the receiving kernel, so how many come
     again depends on timing: only the outcome is checked.)"""

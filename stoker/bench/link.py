@@ -72,6 +72,7 @@ class ShapedLink:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("requests", "connections", "body_bytes", *FAULT_KINDS), 0)
         self._seen: dict[bytes, int] = {}
+        self._ranges: list[str] = []
         self._injected: list[str] = []
         self._clients: set[socket.socket] = set()
         self._server: socket.socket | None = None
@@ -83,6 +84,11 @@ class ShapedLink:
         """Requests, connections, response body bytes sent, and how many of each fault so far."""
         with self._lock:
             return dict(self._counts)
+
+    def ranges(self) -> list[str]:
+        """Each request's Range header so far, in order ('' for a request without one)."""
+        with self._lock:
+            return list(self._ranges)
 
     def inject(self, *kinds: str) -> None:
         """The next requests get these faults, one each, in order (before any drawn at random)."""
@@ -254,6 +260,7 @@ class ShapedLink:
         key = b" ".join((method, target, byte_range))
         with self._lock:
             self._counts["requests"] += 1
+            self._ranges.append(byte_range.decode("latin-1"))
             nth = self._seen.get(key, 0)
             self._seen[key] = nth + 1
             injected = self._injected.pop(0) if self._injected else None
@@ -383,6 +390,10 @@ class LinkProcess:
         """As :meth:`ShapedLink.counts`."""
         return self._call("counts")
 
+    def ranges(self) -> list[str]:
+        """As :meth:`ShapedLink.ranges`."""
+        return self._call("ranges")
+
     def inject(self, *kinds: str) -> None:
         """As :meth:`ShapedLink.inject`."""
         self._call("inject", *kinds)
@@ -457,7 +468,7 @@ def _serve_commands(link: ShapedLink) -> None:
     link.close()
 
 
-_COMMANDS = {"counts", "inject", "set_faults", "stop", "start", "down"}
+_COMMANDS = {"counts", "ranges", "inject", "set_faults", "stop", "start", "down"}
 
 
 def main() -> None:
