@@ -13,7 +13,7 @@ import pytest
 
 import stoker
 from stoker.bench.link import ShapedLink
-from stoker.data.mix import fetches_per_process
+from stoker.data.readable import fetches_per_process
 from stoker.data.readahead import Lookahead, block_bounds_of
 from tests.test_remote_faults import through
 

@@ -25,9 +25,9 @@ import torch
 import torch.utils.data
 
 from stoker.data.dataset import ImageReads, ShardDataset
-from stoker.data.epoch import BlockOrder, Order, rank_batches
+from stoker.data.epoch import Order, rank_batches
 from stoker.data.mix_plan import EXHAUSTED, Exhausted, MixOrder, MixSpec, exact_weights
-from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
+from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.data.readers import ReadBuffer
 from stoker.data.shards import ShardSet
 from stoker.errors import CorruptDataError, StokerError
@@ -376,43 +376,6 @@ def _class_count(name: str, source: ShardDataset | ClipSet) -> int:
         raise StokerError(f"{source.root}: Mix source {name!r} has negative labels: Mix shifts each source's labels "
                           "into one class space of labels 0, 1, ...")
     return int(targets.max()) + 1
-
-
-# What the Loader and QuasiRandomSampler need of what they read, one data set (images or clips) or a Mix: its epochs,
-# the reading ahead of a pass, and what its resume state records.
-
-def epoch_order_of(dataset: ShardDataset | ClipSet | Mix, order: Order, window: int) -> BlockOrder | MixOrder:
-    """The epochs ``dataset`` is read in: a Mix's over its sources, or one data set's blocks with
-    ``window`` of them open (as many as its shards allow: the order's ``window``)."""
-    if isinstance(dataset, Mix):
-        return dataset.epoch_order(order, window)
-    return BlockOrder(block_bounds_of(dataset.shards), order, open_blocks(dataset.shards, window))
-
-
-def reads_ahead(dataset: ShardDataset | ClipSet | Mix, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
-                hint_blocks: bool, reads_here: bool) -> ReadsAhead:
-    """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
-    process reads the samples): a Mix's reads each source's."""
-    if isinstance(dataset, Mix):
-        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here)
-    assert isinstance(epoch_order, BlockOrder)
-    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
-
-
-def fetches_per_process(dataset: ShardDataset | ClipSet | Mix) -> bool:
-    """Whether reading ``dataset`` fetches from an object store into the memory of each process
-    that reads (a source at a URL without a node cache, which processes would share)."""
-    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
-    return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
-
-
-def state_of(dataset: ShardDataset | ClipSet | Mix,
-             consumed: tuple[int, ...] | None) -> tuple[str, str | None, tuple[int, ...] | None]:
-    """What a resume state records of ``dataset``: its digest, and for a Mix how it mixes and the
-    samples consumed of each source (``consumed``; None: none yet)."""
-    if isinstance(dataset, Mix):
-        return dataset.digest(), dataset.describe(), consumed or (0,) * len(dataset.sources)
-    return dataset.shards.manifest.digest(), None, None
 
 
 def _array(labels: np.ndarray | torch.Tensor) -> np.ndarray:

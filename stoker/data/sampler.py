@@ -10,8 +10,9 @@ import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import BlockOrder, EpochPlan, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.mix import Mix, epoch_order_of, reads_ahead, state_of
+from stoker.data.mix import Mix
 from stoker.data.mix_plan import MixOrder
+from stoker.data.readable import epoch_order_of, reads_ahead, state_fields_of
 from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
@@ -176,6 +177,6 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def _position(self, samples_done: int, consumed: tuple[int, ...] | None = None) -> Position:
         window, blocks = self._order.settings()
-        dataset, mix, consumed = state_of(self.dataset, consumed)
+        dataset, mix, consumed = state_fields_of(self.dataset, consumed)
         return Position("QuasiRandomSampler", dataset, self.seed, self.epoch, self.num_replicas, self.rank,
                         self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix, consumed)

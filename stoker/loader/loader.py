@@ -30,7 +30,8 @@ import torch
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
-from stoker.data.mix import Mix, epoch_order_of, fetches_per_process, reads_ahead, state_of
+from stoker.data.mix import Mix
+from stoker.data.readable import epoch_order_of, fetches_per_process, reads_ahead, state_fields_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
@@ -396,7 +397,7 @@ class Loader:
 
     def _record(self, epoch: int, samples_done: int) -> Position:
         window, blocks = self._epoch_order.settings()
-        dataset, mix, consumed = state_of(self.dataset, self._consumed)
+        dataset, mix, consumed = state_fields_of(self.dataset, self._consumed)
         return Position("Loader", dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
                         self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
 

@@ -1,0 +1,50 @@
+"""What stoker.Loader and QuasiRandomSampler read, one packed data set (of images or of video
+clips) or a :class:`Mix` of them, and what they need of it, in one place: its epochs, the
+reading ahead of a pass, whether its bytes are fetched into each reading process, and what its
+resume state records."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stoker.data.dataset import ShardDataset
+from stoker.data.epoch import BlockOrder, Order
+from stoker.data.mix import ClipSet, Mix
+from stoker.data.mix_plan import MixOrder
+from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
+
+Readable = ShardDataset | ClipSet | Mix
+
+
+def epoch_order_of(dataset: Readable, order: Order, window: int) -> BlockOrder | MixOrder:
+    """The epochs ``dataset`` is read in: a Mix's over its sources, or one data set's blocks with
+    ``window`` of them open (as many as its shards allow: the order's ``window``)."""
+    if isinstance(dataset, Mix):
+        return dataset.epoch_order(order, window)
+    return BlockOrder(block_bounds_of(dataset.shards), order, open_blocks(dataset.shards, window))
+
+
+def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
+                hint_blocks: bool, reads_here: bool) -> ReadsAhead:
+    """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
+    process reads the samples): a Mix's reads each source's."""
+    if isinstance(dataset, Mix):
+        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here)
+    assert isinstance(epoch_order, BlockOrder)
+    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
+
+
+def fetches_per_process(dataset: Readable) -> bool:
+    """Whether reading ``dataset`` fetches from an object store into the memory of each process
+    that reads (a source at a URL without a node cache, which processes would share)."""
+    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
+    return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
+
+
+def state_fields_of(dataset: Readable,
+             consumed: tuple[int, ...] | None) -> tuple[str, str | None, tuple[int, ...] | None]:
+    """What a resume state records of ``dataset``: its digest, and for a Mix how it mixes and the
+    samples consumed of each source (``consumed``; None: none yet)."""
+    if isinstance(dataset, Mix):
+        return dataset.digest(), dataset.describe(), consumed or (0,) * len(dataset.sources)
+    return dataset.shards.manifest.digest(), None, None
