@@ -2,7 +2,7 @@
 
     order (pure function of seed, epoch) ──dealt to ranks──> batches of indices
         │  for each of the next ``prefetch`` batches: one preallocated uint8 tensor (B, H, W, 3)
-        └─> thread pool: read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
+        └─> thread pool (thread_batches.py): read member (pread) ─> decode at reduced DCT scale ─> crop, resize, flip
                           straight into the batch tensor (decoders and OpenCV release the GIL)
                           ─> optional per-sample transform
     __iter__ yields (images, labels) in order; images are NCHW views of NHWC memory (channels_last)
@@ -18,10 +18,8 @@ workers make the batches with the same code, into a ring of shared buffers (proc
 from __future__ import annotations
 
 import logging
-import time
-from collections import deque
 from collections.abc import Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -34,11 +32,12 @@ from stoker.data.mix import Mix
 from stoker.data.readable import epoch_order_of, fetches_per_process, reads_ahead, state_fields_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
-from stoker.loader.batches import Batch, BatchMaker, OnError, SampleTransform, ThreadAugment, split
+from stoker.loader.batches import BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.opencv_threads import with_one_opencv_thread
 from stoker.loader.process_batches import WorkerProcesses
+from stoker.loader.thread_batches import Made, made_in_threads
 from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
 from stoker.loader.workers import FirstBatches, WorkerChoice, available_cores, choose_workers
 from stoker.ranges import SEED
@@ -48,8 +47,6 @@ if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset
 
 
-# What the batch-making generators yield: the batch's number, (images, labels), damaged samples skipped.
-_Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
 _log = logging.getLogger(__name__)
 
 
@@ -338,42 +335,15 @@ class Loader:
         return ClipBatchMaker(dataset, self.crop, *args, augment=augment)
 
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                    ahead: ReadsAhead) -> Generator[_Made, None, None]:
-        """Batches made by a pool of threads into the ring's buffers, up to ``prefetch`` queued
-        ahead of the consumer: whenever the consumer asks, as many as free buffers allow (with none
-        free and none queued, one in fresh memory, so a loop that keeps every batch still runs)."""
-        numbers = range(len(plan.batches))
-        upcoming = 0  # position in numbers of the next batch to queue
+                    ahead: ReadsAhead) -> Generator[Made, None, None]:
+        """Batches made by this process's threads (thread_batches.py), into the ring's buffers."""
         if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
             self._ring = BatchRing((self.batch_size, *maker.buffer_shape()), self.prefetch + 1)
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-loader")
-        pending: deque[tuple[Batch, list[Future]]] = deque()
-        try:
-            while True:
-                while upcoming < len(numbers) and len(pending) < self.prefetch:
-                    pixels = self._ring.take() if self._ring is not None else None
-                    if pixels is None and pending:
-                        break
-                    pending.append(self._submit(maker, pool, hints, plan, numbers[upcoming], ahead, pixels))
-                    upcoming += 1
-                if not pending:
-                    return
-                batch, futures = pending.popleft()
-                waiting = time.perf_counter()
-                for future in futures:
-                    future.result()
-                if self._first_batches is not None:
-                    self._first_batches.blocked(time.perf_counter() - waiting)
-                    self._first_batches.batch()
-                yield batch.number, maker.finish(batch), int(batch.replaced.sum())
-        finally:
-            for _, futures in pending:
-                for future in futures:
-                    future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+        return made_in_threads(maker, plan, hints, ahead, ring=self._ring, threads=self.threads,
+                               prefetch=self.prefetch, batch_size=self.batch_size, first_batches=self._first_batches)
 
     def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                      ahead: ReadsAhead) -> Generator[_Made, None, None]:
+                      ahead: ReadsAhead) -> Generator[Made, None, None]:
         """Batches made by ``processes`` worker processes into a shared ring (process_batches.py),
         kept from one whole pass to the next while they make batches this way."""
         workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self.processes,
@@ -400,17 +370,6 @@ class Loader:
         dataset, mix, consumed = state_fields_of(self.dataset, self._consumed)
         return Position("Loader", dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
                         self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
-
-    def _submit(self, maker: BatchMaker, pool: ThreadPoolExecutor, hints: ThreadPoolExecutor, plan: EpochPlan, number: int,
-                ahead: ReadsAhead, pixels: torch.Tensor | None) -> tuple[Batch, list[Future]]:
-        """Start batch ``number`` in ``pixels`` and queue its samples on the pool, split across the threads."""
-        hints.submit(ahead.advance, number * self.batch_size)
-        indices = plan.share[number * self.batch_size : (number + 1) * self.batch_size]
-        batch = maker.start(plan.epoch, number, indices, pixels=pixels)
-        # Each thread takes every n-th sample in the order the bytes arrive from disk, so on a cold
-        # cache all threads decode what has been read while the rest is read; the batch is the same.
-        ordered = ahead.arrival_order(batch.indices)
-        return batch, [pool.submit(maker.fill, batch, share) for share in split(ordered, self.threads)]
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
