@@ -28,7 +28,7 @@ from pathlib import Path
 import torch.utils.data
 
 import stoker
-from stoker.bench.link import start_link_process
+from stoker.bench.link_process import start_link_process
 from stoker.format import read_manifest
 from stoker.storage import evict
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import s3fs
 
 import stoker
-from stoker.bench.link import start_link_process
+from stoker.bench.link_process import start_link_process
 from stoker.format import read_manifest
 
 from _common import header, packed_photos

@@ -13,7 +13,7 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from stoker.bench.link import start_link_process
+from stoker.bench.link_process import start_link_process
 from stoker.doctor import doctor
 from stoker.doctor.figures import Figures, ObjectStore
 from stoker.doctor.remote_probe import MIB, Bounds, probe_remote, propose_cache, read_size

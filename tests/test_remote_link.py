@@ -8,7 +8,8 @@ import http.client
 
 import pytest
 
-from stoker.bench.link import Faults, ShapedLink, start_link_process
+from stoker.bench.link import Faults, ShapedLink
+from stoker.bench.link_process import start_link_process
 
 OBJECT = bytes(range(256)) * 4096  # 1 MiB
 # moto answers 403 to a request without credentials; it checks no signature
