@@ -115,6 +115,7 @@ BLOCK_BYTES = Range("block_bytes", "", 4 << 10, 1 << 30, unit="bytes")
 MAX_OPEN_SHARDS = Range("max_open_shards", "", 1, 1 << 20)
 CACHE_LIMIT = Range("cache_limit", "", 1, 1 << 60, unit="bytes")
 CACHE_AHEAD = Range("cache_ahead", "", 0, 1 << 20, unit="shards")
+READS_IN_FLIGHT = Range("reads_in_flight", "", 1, 1024)
 
 # VideoClipDataset(...)
 CLIP_FPS = Range("fps", "", 0, 1000, integer=False, above=True, unit="frames per second")

@@ -138,6 +138,7 @@ def test_the_verdict_names_the_object_store_and_its_reads_in_flight():
     assert first.name == "read through the node cache with 16 reads of 8 MiB in flight"
     assert first.predicted_images_per_s == 2500.0  # the object store at 16 in flight, under the Loader's 5,000
     assert "cache_dir='/dev/shm/stoker'" in first.how and f"block_bytes={8 * MIB}" in first.how
+    assert "reads_in_flight=16" in first.how  # what the node cache then runs: 16 parts of each shard at once
     assert "later epochs read the node cache" in first.why
 
 

@@ -4,6 +4,7 @@ own process): ShardDataset, DataLoader workers under fork and spawn, stoker.Load
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import pytest
@@ -55,6 +56,14 @@ def test_loader_reads_in_place(s3, remote, packed):
     here = stoker.Loader(stoker.ShardDataset(packed), 16, seed=3, threads=2)
     for (a, la), (b, lb) in zip(there, here, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_reads_in_flight_is_kept_by_workers_and_the_node_cache(s3, remote, tmp_path):
+    dataset = stoker.ShardDataset(remote, storage_options=s3.options, cache_dir=tmp_path / "node", reads_in_flight=3)
+    for shards in (dataset.shards, pickle.loads(pickle.dumps(dataset)).shards):  # as a spawned worker gets it
+        assert shards.remote.parallel == 3 and shards.cache.origin.parallel == 3
+    with pytest.raises(ValueError, match="reads_in_flight"):
+        stoker.ShardDataset(remote, storage_options=s3.options, reads_in_flight=0)
 
 
 def test_a_damaged_cached_index_is_fetched_again(s3, remote, packed):

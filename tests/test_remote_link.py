@@ -5,6 +5,7 @@ link refuses connections until it starts again."""
 from __future__ import annotations
 
 import http.client
+import time
 
 import pytest
 
@@ -87,3 +88,24 @@ def test_a_stopped_link_refuses_until_started(s3, bucket):
         assert link.counts()["requests"] == 2
     finally:
         link.close()
+
+
+def test_a_response_is_held_to_the_stream_rate(s3, bucket):
+    """Each response at most ``stream_rate`` (after a burst of 256 KiB): a lower bound on time,
+    which a busy machine only lengthens."""
+    with ShapedLink(s3.port, stream_rate=4e6) as link:
+        start = time.monotonic()
+        assert get(link, bucket).read() == OBJECT
+        assert time.monotonic() - start >= (len(OBJECT) - (256 << 10)) / 4e6
+        assert link.counts()["body_bytes"] == len(OBJECT)
+
+
+def test_an_injected_reset_waits_for_a_request_with_a_body(s3, bucket):
+    with ShapedLink(s3.port) as link:
+        link.inject("reset")
+        connection = http.client.HTTPConnection("127.0.0.1", link.port, timeout=10)
+        connection.request("HEAD", bucket, headers={"Authorization": AUTH})
+        assert connection.getresponse().status == 200
+        with pytest.raises(ConnectionResetError):
+            get(link, bucket).read()
+        assert link.ranges("HEAD") == [""] and link.ranges("GET") == [""] and link.counts()["reset"] == 1

@@ -55,18 +55,21 @@ class Faults:
 class ShapedLink:
     """Listens on ``127.0.0.1:port`` (a free one by default; :attr:`url`) and forwards HTTP/1.1 to
     ``127.0.0.1:upstream_port``, shaped: ``delay`` seconds per request (and per new connection),
-    response bytes at most ``rate`` bytes/s (None: unlimited), ``faults`` drawn with ``seed``.
-    Counts requests, connections, response body bytes sent and each fault (:meth:`counts`)."""
+    response bytes at most ``rate`` bytes/s over the link and ``stream_rate`` bytes/s per response
+    (a store's per-connection rate; None: unlimited), ``faults`` drawn with ``seed``. Counts
+    requests, connections, response body bytes sent and each fault (:meth:`counts`)."""
 
     def __init__(self, upstream_port: int, *, delay: float = 0.0, rate: float | None = None,
-                 faults: Faults = Faults(), seed: int = 0, port: int = 0) -> None:
+                 stream_rate: float | None = None, faults: Faults = Faults(), seed: int = 0, port: int = 0) -> None:
         self.upstream_port = upstream_port
         self.delay, self.faults, self.seed = delay, faults, seed
         self._bucket = _Bucket(rate)
+        _Bucket(stream_rate)  # checked now, one made per response
+        self.stream_rate = stream_rate
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("requests", "connections", "body_bytes", *FAULT_KINDS), 0)
         self._seen: dict[bytes, int] = {}
-        self._ranges: list[str] = []
+        self._ranges: list[tuple[str, str]] = []  # (method, Range header) of each request
         self._injected: list[str] = []
         self._clients: set[socket.socket] = set()
         self._server: socket.socket | None = None
@@ -79,13 +82,14 @@ class ShapedLink:
         with self._lock:
             return dict(self._counts)
 
-    def ranges(self) -> list[str]:
-        """Each request's Range header so far, in order ('' for a request without one)."""
+    def ranges(self, method: str = "GET") -> list[str]:
+        """The Range header of each ``method`` request so far, in order ('' for one without)."""
         with self._lock:
-            return list(self._ranges)
+            return [byte_range for m, byte_range in self._ranges if m == method]
 
     def inject(self, *kinds: str) -> None:
-        """The next requests get these faults, one each, in order (before any drawn at random)."""
+        """The next requests get these faults, one each, in order (before any drawn at random; a
+        reset or a cut goes to the next request that is not a HEAD)."""
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
@@ -222,10 +226,11 @@ class ShapedLink:
         client.sendall(head)
         if not has_body:
             return True, upstream_open
+        stream = _Bucket(self.stream_rate)
         if chunked or length is None:  # framed by chunks, or by the end of the connection
             body = _read_body(from_upstream, headers, has_body=True) if chunked else from_upstream.read()
             for start in range(0, len(body), _PIECE):
-                self._send(client, body[start : start + _PIECE])
+                self._send(client, body[start : start + _PIECE], stream)
             return chunked, chunked and upstream_open
         stop_at = length if fault is None else min(length - 1, int(length * fraction))
         sent = 0
@@ -233,7 +238,7 @@ class ShapedLink:
             piece = from_upstream.read(min(_PIECE, stop_at - sent))
             if not piece:
                 raise ConnectionError("upstream closed the connection mid-body")
-            self._send(client, piece)
+            self._send(client, piece, stream)
             sent += len(piece)
         if fault == "reset":  # closed by _serve: with no linger, the close sends a reset
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -243,7 +248,8 @@ class ShapedLink:
             return False, False
         return True, upstream_open
 
-    def _send(self, client: socket.socket, piece: bytes) -> None:
+    def _send(self, client: socket.socket, piece: bytes, stream: _Bucket) -> None:
+        stream.take(len(piece))
         self._bucket.take(len(piece))
         with self._lock:  # counted before the client can see them: a reader's counts() then includes them
             self._counts["body_bytes"] += len(piece)
@@ -254,10 +260,12 @@ class ShapedLink:
         key = b" ".join((method, target, byte_range))
         with self._lock:
             self._counts["requests"] += 1
-            self._ranges.append(byte_range.decode("latin-1"))
+            self._ranges.append((method.decode("latin-1"), byte_range.decode("latin-1")))
             nth = self._seen.get(key, 0)
             self._seen[key] = nth + 1
-            injected = self._injected.pop(0) if self._injected else None
+            # A reset or a cut needs a body: an injected one waits for a request that has one.
+            takes = self._injected and (method != b"HEAD" or self._injected[0] not in ("reset", "cut"))
+            injected = self._injected.pop(0) if takes else None
         digest = hashlib.blake2b(key + struct.pack("<qq", self.seed, nth), digest_size=16).digest()
         draw, where = (v / 2.0**64 for v in struct.unpack("<QQ", digest))
         fraction = 0.1 + 0.8 * where

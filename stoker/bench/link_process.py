@@ -31,9 +31,9 @@ class LinkProcess:
         """As :meth:`ShapedLink.counts`."""
         return self._call("counts")
 
-    def ranges(self) -> list[str]:
+    def ranges(self, method: str = "GET") -> list[str]:
         """As :meth:`ShapedLink.ranges`."""
-        return self._call("ranges")
+        return self._call("ranges", method)
 
     def inject(self, *kinds: str) -> None:
         """As :meth:`ShapedLink.inject`."""
@@ -79,11 +79,12 @@ class LinkProcess:
 
 
 def start_link_process(upstream_port: int, *, delay: float = 0.0, rate: float | None = None,
-                       faults: Faults | None = None, seed: int = 0) -> LinkProcess:
+                       stream_rate: float | None = None, faults: Faults | None = None, seed: int = 0) -> LinkProcess:
     """A :class:`ShapedLink` (same arguments; ``faults`` None: none) in a process of its own; call
     ``close()`` at the end."""
     args = [sys.executable, "-m", "stoker.bench.link_process", str(upstream_port), "--delay-ms", str(delay * 1e3),
-            "--seed", str(seed), *(["--rate-mbit", str(rate * 8 / 1e6)] if rate is not None else [])]
+            "--seed", str(seed), *(["--rate-mbit", str(rate * 8 / 1e6)] if rate is not None else []),
+            *(["--stream-mbit", str(stream_rate * 8 / 1e6)] if stream_rate is not None else [])]
     for kind, value in dataclasses.asdict(faults or Faults()).items():
         args += [f"--{kind.replace('_', '-')}", str(value)]
     process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -118,6 +119,8 @@ def main() -> None:
     parser.add_argument("upstream_port", type=int)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--rate-mbit", type=float, default=None, help="response bytes, in Mbit/s (default: unlimited)")
+    parser.add_argument("--stream-mbit", type=float, default=None,
+                        help="response bytes of each request, in Mbit/s (a store's per-connection rate; default: unlimited)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
     for kind in FAULT_KINDS:
@@ -125,8 +128,9 @@ def main() -> None:
     args = parser.parse_args()
     faults = Faults(**{kind: getattr(args, kind) for kind in FAULT_KINDS})
     rate = args.rate_mbit * 1e6 / 8 if args.rate_mbit is not None else None
-    link = ShapedLink(args.upstream_port, delay=args.delay_ms / 1e3, rate=rate, faults=faults, seed=args.seed,
-                      port=args.port)
+    stream_rate = args.stream_mbit * 1e6 / 8 if args.stream_mbit is not None else None
+    link = ShapedLink(args.upstream_port, delay=args.delay_ms / 1e3, rate=rate, stream_rate=stream_rate, faults=faults,
+                      seed=args.seed, port=args.port)
     print(link.url, flush=True)
     _serve_commands(link)
 

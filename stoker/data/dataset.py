@@ -16,7 +16,7 @@ from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
 from stoker.data.readers import ReadBuffer, ShardReader
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.errors import CorruptDataError, StokerError
-from stoker.storage.remote import DEFAULT_READ_TIMEOUT
+from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class ShardDataset(torch.utils.data.Dataset):
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``). A read cut short is resumed
     from its last good byte and failures retried for up to ``read_timeout`` seconds (an outage
     shorter than that is ridden out), then a RemoteError names the object, range and attempts.
+    ``reads_in_flight`` ranged reads run at once per process, ahead of the order, and as parts of
+    each whole shard the node cache downloads (``stoker doctor URL`` measures how many fill the link).
 
     ``cache_dir`` (``/dev/shm/stoker``, a local SSD folder) keeps whole shards on the node, at
     most ``cache_limit`` bytes (default: half the free space there), shared by every worker and
@@ -82,6 +84,7 @@ class ShardDataset(torch.utils.data.Dataset):
         cache_limit: int | None = None,
         cache_ahead: int | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        reads_in_flight: int = DEFAULT_PARALLEL,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
@@ -95,7 +98,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.skipped = 0
         self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards,
                                storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                               cache_ahead=cache_ahead, read_timeout=read_timeout)
+                               cache_ahead=cache_ahead, read_timeout=read_timeout, reads_in_flight=reads_in_flight)
         schema = self.shards.manifest.schema
         if field is not None and field not in schema:
             raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")

@@ -22,9 +22,9 @@ import numpy as np
 from stoker.data.readers import CachedShardReader, ShardReader
 from stoker.data.remote_reader import RemoteShardReader
 from stoker.format import Manifest, ShardIndex, read_manifest
-from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS
+from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS, READS_IN_FLIGHT
 from stoker.storage.cache import ShardCache
-from stoker.storage.remote import DEFAULT_READ_TIMEOUT, RemoteData, is_url
+from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData, is_url
 
 log = logging.getLogger("stoker.data")
 
@@ -53,31 +53,35 @@ class ShardSet:
                  max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None,
                  metadata: Path | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | None = None, cache_ahead: int | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 read_timeout: float = DEFAULT_READ_TIMEOUT, reads_in_flight: int = DEFAULT_PARALLEL) -> None:
         """``root``: a folder or an fsspec URL. ``metadata``: for a URL, the local folder its
         manifest and indexes were already fetched into (how a pickled ShardSet reaches a worker
         process without fetching them and checksumming every index again). ``cache_dir`` and
         ``cache_limit``: a node cache of whole shards (see :class:`ShardCache`), staged up to
         ``cache_ahead`` shards ahead of a reader (default: as far as the limit allows).
         ``read_timeout``: for a URL, how long one ranged read keeps retrying (an outage shorter
-        than that is ridden out) before a RemoteError names the object, range and attempts."""
+        than that is ridden out) before a RemoteError names the object, range and attempts.
+        ``reads_in_flight``: ranged reads from the URL (or cache downloads) at once per process."""
         BLOCK_BYTES.check(block_bytes)
         MAX_OPEN_SHARDS.check(max_open_shards)
         if cache_ahead is not None:
             CACHE_AHEAD.check(cache_ahead)
+        READS_IN_FLIGHT.check(reads_in_flight)
         self.source = root
         self.storage_options = storage_options
         if not read_timeout > 0:
             raise ValueError(f"read_timeout must be a positive number of seconds, got {read_timeout!r}")
         self.read_timeout = read_timeout
-        self.remote = RemoteData(root, storage_options, read_timeout=read_timeout) if is_url(root) else None
+        self.reads_in_flight = reads_in_flight
+        self.remote = (RemoteData(root, storage_options, read_timeout=read_timeout, parallel=reads_in_flight)
+                       if is_url(root) else None)
         self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
         self.max_open_shards = max_open_shards
         self.manifest: Manifest = read_manifest(self.root)
-        self.cache = (ShardCache(cache_dir, root, self.manifest.shards, cache_limit, storage_options)
-                      if cache_dir is not None else None)
+        self.cache = (ShardCache(cache_dir, root, self.manifest.shards, cache_limit, storage_options, read_timeout,
+                                 reads_in_flight) if cache_dir is not None else None)
         self.cache_ahead = cache_ahead
         if self.cache is not None and not self.cache.explicit_limit and not self.cache.holds_everything:
             log.warning("%s: the node cache in %s has room for %.1f GB of this %.1f GB data set (half its free "
@@ -180,7 +184,7 @@ class ShardSet:
                 "metadata": self.root if self.remote else None,
                 "cache_dir": self.cache.cache_dir if self.cache else None,
                 "cache_limit": self.cache.limit if self.cache else None, "cache_ahead": self.cache_ahead,
-                "read_timeout": self.read_timeout}
+                "read_timeout": self.read_timeout, "reads_in_flight": self.reads_in_flight}
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)

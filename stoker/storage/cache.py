@@ -53,7 +53,7 @@ from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.ranges import CACHE_LIMIT
 from stoker.storage.locks import exclusive, is_locked
-from stoker.storage.remote import RemoteData
+from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData
 
 log = logging.getLogger("stoker.storage")
 
@@ -71,14 +71,15 @@ class ShardCache:
     """
 
     def __init__(self, cache_dir: str | os.PathLike, source: str | os.PathLike, shards: list[ShardEntry],
-                 limit: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
+                 limit: int | None = None, storage_options: dict[str, Any] | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT, reads_in_flight: int = DEFAULT_PARALLEL) -> None:
         if limit is not None:
             CACHE_LIMIT.check(limit)
         self.cache_dir = Path(cache_dir)
         self.source = source if isinstance(source, str) and "://" in source else str(Path(source).resolve())
         self.shards = shards
         self.storage_options = storage_options
-        self.origin = RemoteData(self.source, storage_options)
+        self.origin = RemoteData(self.source, storage_options, read_timeout=read_timeout, parallel=reads_in_flight)
         self.folder = self.cache_dir / hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self._numbers = {check_name(entry.name): i for i, entry in enumerate(shards)}
         for folder in (self.folder / ".locks", self.folder / ".verified", self.folder / ".consumed",
@@ -312,7 +313,8 @@ class ShardCache:
 
     def __getstate__(self) -> dict:
         return {"cache_dir": self.cache_dir, "source": self.source, "shards": self.shards,
-                "limit": self.limit if self.explicit_limit else None, "storage_options": self.storage_options}
+                "limit": self.limit if self.explicit_limit else None, "storage_options": self.storage_options,
+                "read_timeout": self.origin.read_timeout, "reads_in_flight": self.origin.parallel}
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)
