@@ -6,12 +6,15 @@
     same Loader with every shard already in the page cache (the warm-cache rate);
   - a cache limit of half the data set: raw sample bytes delivered per second through a
     QuasiRandomSampler and a 2-worker DataLoader, against the disk's sequential bandwidth.
-``s3``: the same data on a moto S3 server behind a proxy adding 50 ms to every request:
-  time to the first batch and img/s of stoker.Loader with ``cache_dir=/dev/shm/...``, against
-  the same Loader over the shards on local disk (page cache warm).
+``s3``: the same data on a moto S3 server behind a proxy adding 50 ms to every request (and with
+``--stream-mbit``, holding each response to that rate, as a store caps one connection):
+  - whole-shard downloads into /dev/shm, MB/s: the node cache's (``reads_in_flight`` ranged parts
+    at once) against one streamed GET per shard (s3fs's ``get_file``, what it did before);
+  - time to the first batch and img/s of stoker.Loader with ``cache_dir=/dev/shm/...``, against
+    the same Loader over the shards on local disk (page cache warm).
 
     ../shared/hdd-profile -- .venv/bin/python bench/cache.py hdd
-    .venv/bin/python bench/cache.py s3
+    .venv/bin/python bench/cache.py s3 [--stream-mbit 400]
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import s3fs
 import torch.utils.data
 
 import stoker
 from stoker.bench.link_process import start_link_process
 from stoker.format import read_manifest
 from stoker.storage import evict
+from stoker.storage.remote import DEFAULT_PARALLEL, RemoteData
 
 from _common import header, packed_photos
 
@@ -131,12 +136,28 @@ def hdd(shards: Path, repeat: int) -> None:
     print(f"raw bytes, no cache (block read-ahead only): {med(plain):.0f} MB/s = {med(plain) / med(seq):.0%} of sequential")
 
 
-def s3(shards: Path, repeat: int, delay: float) -> None:
+def download_mb_s(shards: Path, options: dict, into: Path, parts: bool) -> float:
+    """MB/s of downloading every shard of s3://data/ds into ``into``, one shard after another: by
+    the node cache's download (``parts``), or one s3fs ``get_file`` each."""
+    manifest = read_manifest(shards)
+    fs = s3fs.S3FileSystem(**options)
+    source = RemoteData("s3://data/ds", options)
+    start = time.perf_counter()
+    for entry in manifest.shards:
+        if parts:
+            source.download(entry.name, entry.bytes, entry.checksum, into / "partial", lambda copy: copy.unlink())
+        else:
+            fs.get_file(f"data/ds/{entry.name}", str(into / "copy"))
+            (into / "copy").unlink()
+    return sum(entry.bytes for entry in manifest.shards) / 1e6 / (time.perf_counter() - start)
+
+
+def s3(shards: Path, repeat: int, delay: float, stream_rate: float | None) -> None:
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-s3-"))
     cache = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir="/dev/shm"))
     os.environ["XDG_CACHE_HOME"] = str(work / "xdg")
     server = S3Server(work / "requests.log")
-    link = start_link_process(server.port, delay=delay)
+    link = start_link_process(server.port, delay=delay, stream_rate=stream_rate)
     url = link.url
     try:
         server.fs.mkdir("data")
@@ -144,8 +165,11 @@ def s3(shards: Path, repeat: int, delay: float) -> None:
         options = {**server.options, "client_kwargs": {**server.options["client_kwargs"], "endpoint_url": url}}
         warm_all(shards)
         step = 256 / (0.6 * statistics.median(rate for _, rate, _ in loader_epochs(stoker.ShardDataset(shards), 2)))
-        runs: dict[str, list] = {"opened": [], "remote": [], "local": [], "remote_paced": [], "local_paced": []}
+        runs: dict[str, list] = {"opened": [], "remote": [], "local": [], "remote_paced": [], "local_paced": [],
+                                 "get_file": [], "parts": []}
         for _ in range(repeat):
+            for parts in (False, True, False):  # A B A: the baseline around ours
+                runs["parts" if parts else "get_file"].append(download_mb_s(shards, options, cache, parts))
             warm_all(shards)
             runs["local"].append(loader_epochs(stoker.ShardDataset(shards), 2))
             runs["local_paced"].append(loader_epochs(stoker.ShardDataset(shards), 1, step)[0])
@@ -164,8 +188,12 @@ def s3(shards: Path, repeat: int, delay: float) -> None:
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     med = statistics.median
-    print(f"object store: moto on localhost behind a proxy adding {delay * 1e3:.0f} ms per request; "
+    stream = f", each response at most {stream_rate * 8 / 1e6:.0f} Mbit/s" if stream_rate else ""
+    print(f"object store: moto on localhost behind a proxy adding {delay * 1e3:.0f} ms per request{stream}; "
           f"medians of {repeat} rounds; img/s of the whole epoch, and after its first batch")
+    print(f"whole-shard downloads: node cache (ranged parts, {DEFAULT_PARALLEL} at once) {med(runs['parts']):.0f} MB/s   "
+          f"one s3fs get_file per shard {med(runs['get_file']):.0f} MB/s   "
+          f"ratio {med(runs['parts']) / med(runs['get_file']):.2f}")
     print(f"open the data set (manifest + indexes): {med(runs['opened']):.2f} s; "
           f"then first batch: {med(r[0][0] for r in runs['remote']):.2f} s "
           f"(local: {med(r[0][0] for r in runs['local']):.2f} s)")
@@ -189,13 +217,15 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--stream-mbit", type=float, default=None,
+                        help="s3: hold each response to this rate (a store's per-connection cap; default: none)")
     args = parser.parse_args()
     header(f"node cache, part {args.part}")
     shards = packed_photos(args.data, args.count, SHARD_BYTES)
     if args.part == "hdd":
         hdd(shards, args.repeat)
     else:
-        s3(shards, args.repeat, args.delay_ms / 1e3)
+        s3(shards, args.repeat, args.delay_ms / 1e3, args.stream_mbit * 1e6 / 8 if args.stream_mbit else None)
 
 
 if __name__ == "__main__":
