@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,18 @@ def numbered(tmp_path_factory) -> Path:
     src = make_sample_photos(root / "src", count=NUMBERED, num_classes=NUMBERED, seed=2)
     stoker.pack(src, root / "ds", shard_bytes=64 << 10, max_side=48, workers=1, progress=False)
     return root / "ds"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MB tmpfs, to fill up for real. Needs root (CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def source_files(root: Path) -> dict[str, bytes]:

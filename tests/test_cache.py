@@ -155,6 +155,20 @@ def test_a_cache_that_cannot_be_written_falls_back_to_the_source(packed, tmp_pat
     assert not list((tmp_path / "cache").glob("*/shard-*.tar"))
 
 
+def test_a_full_disk_under_the_cache_falls_back_to_the_source(s3, remote, packed, small_disk, caplog, monkeypatch):
+    """Object-store shards downloaded in parts (64 KiB here) onto a tmpfs that fills up part-way:
+    each sample still comes, from the source; the warning names the copy and the reason, and no
+    partial copy is left."""
+    monkeypatch.setattr("stoker.storage.remote.DOWNLOAD_PART", 64 << 10)
+    (small_disk / "filler").write_bytes(bytes(2_600_000))  # of 3 MB: less room left than a shard's 600 KB
+    dataset = stoker.ShardDataset(remote, decode="raw", storage_options=s3.options, cache_dir=small_disk / "cache",
+                                  cache_limit=1 << 30)
+    plain = stoker.ShardDataset(packed, decode="raw")
+    assert [dataset[i] for i in range(len(dataset))] == [plain[i] for i in range(len(plain))]
+    assert "cannot write the copy (No space left on device)" in caplog.text and ".partial-shard-" in caplog.text
+    assert not list((small_disk / "cache").rglob(".partial-*"))
+
+
 @pytest.mark.parametrize("reader", ["loader", "dataloader"])
 def test_a_limit_smaller_than_the_data_set_is_never_exceeded(s3, remote, packed, tmp_path, reader):
     sizes = shard_bytes(packed)

@@ -101,18 +101,6 @@ def test_sigkill_mid_pack_then_resume(photos, tmp_path):
         assert entry_a.checksum == entry_b.checksum and entry_a.index_checksum == entry_b.index_checksum
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 3 MB tmpfs, to fill up for real. Needs root (CI runs as root)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_full_disk_keeps_completed_shards_and_resumes(photos, small_disk):
     dst = small_disk / "ds"
     with pytest.raises(PackError, match=r"No space left on device") as info:

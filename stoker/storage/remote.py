@@ -217,7 +217,7 @@ class RemoteData:
                 done, _ = wait(parts, return_when=FIRST_COMPLETED)
                 for future in done:
                     start = parts.pop(future)
-                    os.pwrite(fd, future.result(), start)  # a part that failed for good raises here
+                    _write_at(fd, future.result(), start)  # a part that failed for good raises here
         finally:
             for future in parts:
                 future.cancel()
@@ -248,6 +248,14 @@ def intact(path: Path, size: int, checksum: str, verify: bool = True) -> bool:
         return False
     return not verify or file_checksum(path) == checksum
 
+
+
+def _write_at(fd: int, data: bytes, offset: int) -> None:
+    """All of ``data`` at ``offset`` of ``fd`` (a write cut short by a full disk goes on, and raises)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:
