@@ -48,6 +48,10 @@ DEFAULT_PARALLEL = 16
 # A whole file downloaded from an object store (the node cache, stage) comes in ranged reads of this
 # size, ``parallel`` in flight: one request's stream is capped by the store's per-connection rate
 # (S3 advises parallel byte ranges of 8-16 MB), and a part lost to a fault is all that is read again.
+# Measured (bench/cache.py s3): 2.25x one streamed GET per file where each response was held to
+# 400 Mbit/s; 0.56x where one stream was not held back (moto on loopback, 2 cores: each part costs
+# moto a copy of the whole object). ``stoker doctor URL`` tells which a store is, and proposes
+# ``reads_in_flight=1`` (one stream per file) where one request fills the link.
 DOWNLOAD_PART = 8 << 20
 
 
@@ -156,13 +160,14 @@ class RemoteData:
     def download(self, name: str, size: int, checksum: str, partial: Path, commit: Callable[[Path], None]) -> None:
         """Copy the file ``name``: downloaded into ``partial`` (from an object store in ranged
         reads of :data:`DOWNLOAD_PART`, ``parallel`` in flight, each resumed from its last good
-        byte as :meth:`read_range` is), checked against ``size`` and the manifest ``checksum``,
-        then handed to ``commit`` (which moves it into place). A copy that does not match is
-        fetched again (a transport may have mangled it); when a later fetch gives the same wrong
-        bytes (same size and checksum) the object itself is damaged: CorruptDataError naming the
-        URL, expected and found, with no more retries. A local write that fails (a full disk)
-        raises LocalWriteError at once; a source that fails for good, RemoteError (``error``)
-        after the retries of each request. ``partial`` is gone afterwards."""
+        byte as :meth:`read_range` is; with ``parallel=1`` in one streamed GET), checked against
+        ``size`` and the manifest ``checksum``, then handed to ``commit`` (which moves it into
+        place). A copy that does not match is fetched again (a transport may have mangled it);
+        when a later fetch gives the same wrong bytes (same size and checksum) the object itself
+        is damaged: CorruptDataError naming the URL, expected and found, with no more retries. A
+        local write that fails (a full disk) raises LocalWriteError at once; a source that fails
+        for good, RemoteError (``error``) after the retries of each request. ``partial`` is gone
+        afterwards."""
         url = f"{self.url}/{name}"
         mismatches: list[tuple[int, str]] = []
         try:
@@ -189,6 +194,10 @@ class RemoteData:
             if isinstance(fs, LocalFileSystem):
                 found = with_retries(f"{self.url}/{name}", lambda: _copy_hashing(Path(f"{self._root}/{name}"), partial),
                                      retries=self.retries, backoff=self.backoff, error=self.error)
+            elif self.parallel == 1:
+                with_retries(f"{self.url}/{name}", lambda: self._stream_to(name, partial), retries=self.retries,
+                             backoff=self.backoff, error=self.error)
+                found = file_checksum(partial)
             else:
                 self._download_parts(name, partial)
                 found = file_checksum(partial)
@@ -199,6 +208,16 @@ class RemoteData:
                 raise LocalWriteError(f"{partial}: cannot write the copy ({e.strerror})") from None
             raise
         return partial.stat().st_size, found
+
+    def _stream_to(self, name: str, partial: Path) -> None:
+        """The object ``name`` into ``partial`` in one streamed GET (s3fs's get_file resumes a
+        body cut short); a local write that fails raises LocalWriteError, which is not retried."""
+        try:
+            self._filesystem().get_file(f"{self._root}/{name}", str(partial))
+        except OSError as e:
+            if e.errno in _LOCAL_WRITE_ERRNOS:
+                raise LocalWriteError(f"{partial}: cannot write the copy ({e.strerror})") from None
+            raise
 
     def _download_parts(self, name: str, partial: Path) -> None:
         """The object ``name``, as long as it is now (one HEAD: a damaged object may be shorter or
