@@ -197,9 +197,10 @@ def _object_store(f: Figures, n: _Names) -> Remedy | None:
     if o is None or loader[1] is None:
         return None
     size = size_words(o.read_bytes)
-    store = ("P", o.rate, f"the object store, {o.in_flight} reads of {size} in flight")
+    reads = f"{o.in_flight} read{'s' if o.in_flight != 1 else ''}"
+    store = ("P", o.rate, f"the object store, {reads} of {size} in flight")
     if o.cache is None:
-        return Remedy(f"pack into shards, then read them with {o.in_flight} reads in flight", _min(store, loader),
+        return Remedy(f"pack into shards, then read them with {reads} in flight", _min(store, loader),
                       f"stoker pack LOCAL_COPY {n.src}-shards; then " + n.loader(
                           f"{f.source}-shards", f", cache_dir='/dev/shm/stoker', reads_in_flight={o.in_flight}"),
                       f"each loose file costs a request (first byte after {o.first_byte_ms:.0f} ms); shards are read "
@@ -207,11 +208,11 @@ def _object_store(f: Figures, n: _Names) -> Remedy | None:
     limit = f", cache_limit={o.cache['cache_limit']}" if o.cache["cache_limit"] else ""
     later = (f"; later epochs read the node cache ({loader[1]:,.0f} img/s)" if o.cache["fits"]
              else "; the data set is larger than the cache: every epoch fetches each shard once")
-    return Remedy(f"read through the node cache with {o.in_flight} reads of {size} in flight", _min(store, loader),
+    return Remedy(f"read through the node cache with {reads} of {size} in flight", _min(store, loader),
                   n.loader(f.source, f", cache_dir={o.cache['cache_dir']!r}{limit}, block_bytes={o.read_bytes}, "
                                      f"reads_in_flight={o.in_flight}"),
                   f"one read at a time waits {o.first_byte_ms:.0f} ms for each request's first byte; "
-                  f"{o.in_flight} in flight fill the link as measured{later}")
+                  f"{reads} in flight filled the link as measured{later}")
 
 
 def _gpu(f: Figures, n: _Names) -> Remedy | None:
