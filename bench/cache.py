@@ -12,6 +12,7 @@
     at once) against one streamed GET per shard (s3fs's ``get_file``, what it did before);
   - time to the first batch and img/s of stoker.Loader with ``cache_dir=/dev/shm/...``, against
     the same Loader over the shards on local disk (page cache warm).
+``downloads``: only the whole-shard downloads, with 2, 4, 8 and 16 parts in flight.
 
     ../shared/hdd-profile -- .venv/bin/python bench/cache.py hdd
     .venv/bin/python bench/cache.py s3 [--stream-mbit 400]
@@ -136,12 +137,12 @@ def hdd(shards: Path, repeat: int) -> None:
     print(f"raw bytes, no cache (block read-ahead only): {med(plain):.0f} MB/s = {med(plain) / med(seq):.0%} of sequential")
 
 
-def download_mb_s(shards: Path, options: dict, into: Path, parts: bool) -> float:
+def download_mb_s(shards: Path, options: dict, into: Path, parts: bool, in_flight: int = DEFAULT_PARALLEL) -> float:
     """MB/s of downloading every shard of s3://data/ds into ``into``, one shard after another: by
-    the node cache's download (``parts``), or one s3fs ``get_file`` each."""
+    the node cache's download (``parts``, ``in_flight`` at once), or one s3fs ``get_file`` each."""
     manifest = read_manifest(shards)
     fs = s3fs.S3FileSystem(**options)
-    source = RemoteData("s3://data/ds", options)
+    source = RemoteData("s3://data/ds", options, parallel=in_flight)
     start = time.perf_counter()
     for entry in manifest.shards:
         if parts:
@@ -150,6 +151,33 @@ def download_mb_s(shards: Path, options: dict, into: Path, parts: bool) -> float
             fs.get_file(f"data/ds/{entry.name}", str(into / "copy"))
             (into / "copy").unlink()
     return sum(entry.bytes for entry in manifest.shards) / 1e6 / (time.perf_counter() - start)
+
+
+def downloads(shards: Path, repeat: int, delay: float, stream_rate: float | None) -> None:
+    """Only the whole-shard downloads: the node cache's with 2, 4, 8 and 16 parts in flight
+    (1 would be its one streamed GET) against one s3fs get_file per shard, interleaved."""
+    work = Path(tempfile.mkdtemp(prefix="stoker-bench-s3-"))
+    into = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir="/dev/shm"))
+    server = S3Server(work / "requests.log")
+    link = start_link_process(server.port, delay=delay, stream_rate=stream_rate)
+    counts = (2, 4, 8, 16)
+    runs: dict[str, list[float]] = {"get_file": [], **{f"{n} parts in flight": [] for n in counts}}
+    try:
+        server.fs.mkdir("data")
+        server.fs.put(str(shards) + "/", "data/ds", recursive=True)
+        options = {**server.options, "client_kwargs": {**server.options["client_kwargs"], "endpoint_url": link.url}}
+        for _ in range(repeat):
+            runs["get_file"].append(download_mb_s(shards, options, into, parts=False))
+            for n in counts:
+                runs[f"{n} parts in flight"].append(download_mb_s(shards, options, into, parts=True, in_flight=n))
+    finally:
+        link.close()
+        server.stop()
+        shutil.rmtree(into, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    stream = f", each response at most {stream_rate * 8 / 1e6:.0f} Mbit/s" if stream_rate else ""
+    print(f"whole-shard downloads, {delay * 1e3:.0f} ms per request{stream}, medians of {repeat}: " + "   ".join(
+        f"{name} {statistics.median(values):.0f} MB/s" for name, values in runs.items()))
 
 
 def s3(shards: Path, repeat: int, delay: float, stream_rate: float | None) -> None:
@@ -212,20 +240,21 @@ def s3(shards: Path, repeat: int, delay: float, stream_rate: float | None) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["hdd", "s3"])
+    parser.add_argument("part", choices=["hdd", "s3", "downloads"])
     parser.add_argument("--data", type=Path, default=Path("bench-data/loader"))
     parser.add_argument("--count", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=50.0)
     parser.add_argument("--stream-mbit", type=float, default=None,
-                        help="s3: hold each response to this rate (a store's per-connection cap; default: none)")
+                        help="s3, downloads: hold each response to this rate (a store's per-connection cap; default: none)")
     args = parser.parse_args()
     header(f"node cache, part {args.part}")
     shards = packed_photos(args.data, args.count, SHARD_BYTES)
     if args.part == "hdd":
         hdd(shards, args.repeat)
     else:
-        s3(shards, args.repeat, args.delay_ms / 1e3, args.stream_mbit * 1e6 / 8 if args.stream_mbit else None)
+        stream_rate = args.stream_mbit * 1e6 / 8 if args.stream_mbit else None
+        (s3 if args.part == "s3" else downloads)(shards, args.repeat, args.delay_ms / 1e3, stream_rate)
 
 
 if __name__ == "__main__":
