@@ -41,10 +41,15 @@ def fetches_per_process(dataset: Readable) -> bool:
     return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
 
 
-def state_fields_of(dataset: Readable,
-             consumed: tuple[int, ...] | None) -> tuple[str, str | None, tuple[int, ...] | None]:
-    """What a resume state records of ``dataset``: its digest, and for a Mix how it mixes and the
-    samples consumed of each source (``consumed``; None: none yet)."""
+def identity_of(dataset: Readable) -> tuple[str, str | None]:
+    """What a resume state names ``dataset`` by: its digest, and for a Mix how it mixes (a hash
+    of every shard's entry: a reader computes it once, not with every state)."""
     if isinstance(dataset, Mix):
-        return dataset.digest(), dataset.describe(), consumed or (0,) * len(dataset.sources)
-    return dataset.shards.manifest.digest(), None, None
+        return dataset.digest(), dataset.describe()
+    return dataset.shards.manifest.digest(), None
+
+
+def consumed_of(dataset: Readable, consumed: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """What a resume state records of a Mix's samples consumed of each source (``consumed``; None:
+    none yet); None for one data set."""
+    return consumed or (0,) * len(dataset.sources) if isinstance(dataset, Mix) else None

@@ -12,7 +12,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import BlockOrder, EpochPlan, RankBatches, plan_epoch, rank_batches, resolve_rank
 from stoker.data.mix import Mix
 from stoker.data.mix_plan import MixOrder
-from stoker.data.readable import epoch_order_of, reads_ahead, state_fields_of
+from stoker.data.readable import consumed_of, epoch_order_of, identity_of, reads_ahead
 from stoker.ranges import SEED
 from stoker.state import Position, StateError
 
@@ -83,6 +83,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         self._pass_start = 0  # samples of this epoch consumed (all ranks) before the pass: after load_state_dict, not 0
         self._pass_done = False  # the pass reached the end (DataLoader workers may still be delivering it)
         self._order = epoch_order_of(dataset, "quasi_random" if shuffle else "sequential", window)
+        self._identity = identity_of(dataset)  # what a state names the data by
         self.window = self._order.window
         if isinstance(dataset, ShardDataset):
             assert isinstance(self._order, BlockOrder)
@@ -177,6 +178,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
 
     def _position(self, samples_done: int, consumed: tuple[int, ...] | None = None) -> Position:
         window, blocks = self._order.settings()
-        dataset, mix, consumed = state_fields_of(self.dataset, consumed)
+        dataset, mix = self._identity
         return Position("QuasiRandomSampler", dataset, self.seed, self.epoch, self.num_replicas, self.rank,
-                        self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix, consumed)
+                        self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix,
+                        consumed_of(self.dataset, consumed))

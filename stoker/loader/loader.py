@@ -29,7 +29,7 @@ from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import ORDERS, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
 from stoker.data.mix import Mix
-from stoker.data.readable import epoch_order_of, fetches_per_process, reads_ahead, state_fields_of
+from stoker.data.readable import consumed_of, epoch_order_of, fetches_per_process, identity_of, reads_ahead
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.loader.batches import BatchMaker, OnError, SampleTransform, ThreadAugment
@@ -196,13 +196,14 @@ class Loader:
         self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
         self._epoch_named = False  # set_epoch named the epoch of the next pass (at its end: an empty pass)
         self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source at _position (None at 0)
+        self._identity = identity_of(dataset)  # what a state names the data by
         if transform is not None:
             _log.info("%s", self.explain())
 
     def explain(self) -> str:
         """What the loader does with its ``transform``, step by step: fused into the decode,
         batched (and where), or per sample as given, each with the reason."""
-        maker = self._batch_maker(self._plan(self.epoch, self._position, self._consumed).batches)
+        maker = self._batch_maker(self._batches(self._position))
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
@@ -224,8 +225,7 @@ class Loader:
         the steps done (Lightning restores it from its checkpoint) and stops at ``len`` ends the
         epoch where the Loader does. After a resume that keeps the per-rank batch on more ranks, the
         rest of the epoch has more steps than that (see docs/distributed.md)."""
-        return len(rank_batches(len(self._epoch_order), start=0, world_size=self.world_size, rank=self.rank,
-                                batch_size=self.batch_size, drop_last=self.drop_last))
+        return len(self._batches(0))
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
@@ -265,13 +265,12 @@ class Loader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
-        plan = self._plan(self.epoch, self._position, self._consumed)
-        if self._position and self._position >= plan.batches.end and not self._epoch_named:
+        if self._position and self._position >= self._batches(self._position).end and not self._epoch_named:
             # The last pass stopped after the epoch's last batch without asking past it (Lightning
             # stops at len()): this pass is the next epoch's. After set_epoch(this epoch) it is empty.
             # (The epoch's end, not this rank's: a rank may have no batch left while others have one.)
             self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
-            plan = self._plan(self.epoch, 0, None)
+        plan = self._plan(self.epoch, self._position, self._consumed)
         self._epoch_named = False
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
@@ -358,6 +357,12 @@ class Loader:
         one) from its start, in order."""
         return self._plan(self.epoch if epoch is None else epoch, 0).share
 
+    def _batches(self, start: int) -> RankBatches:
+        """This rank's batches of a pass from ``start`` samples consumed (all ranks), without
+        planning the epoch's order (what ``len``, ``explain`` and an epoch's end need)."""
+        return rank_batches(len(self._epoch_order), start=start, world_size=self.world_size, rank=self.rank,
+                            batch_size=self.batch_size, drop_last=self.drop_last)
+
     def _plan(self, epoch: int, start: int, consumed: tuple[int, ...] | None = None) -> EpochPlan:
         """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; a Mix's per
         source: ``consumed``)."""
@@ -367,9 +372,10 @@ class Loader:
 
     def _record(self, epoch: int, samples_done: int) -> Position:
         window, blocks = self._epoch_order.settings()
-        dataset, mix, consumed = state_fields_of(self.dataset, self._consumed)
+        dataset, mix = self._identity
         return Position("Loader", dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
-                        self.order, window, blocks, self.drop_last, samples_done, mix, consumed)
+                        self.order, window, blocks, self.drop_last, samples_done, mix,
+                        consumed_of(self.dataset, self._consumed))
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
