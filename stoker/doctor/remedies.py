@@ -163,10 +163,17 @@ def _packing(f: Figures, n: _Names) -> list[Remedy | None]:
     return out
 
 
+def _warm_loader(f: Figures) -> tuple[str, float | None, str]:
+    """The stoker.Loader rate that bounds a remedy taking storage out of the loop, as a
+    :func:`_min` term (symbol, img/s, what): with the user's transform when one was given."""
+    if f.user_transform:
+        return "Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm"
+    return "L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)"
+
+
 def _staging(f: Figures, n: _Names) -> list[Remedy | None]:
     """Storage out of the loop: the data in RAM (stage, or the node cache), or on a local SSD."""
-    loader = ("Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm") if f.user_transform else (
-        "L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)")
+    loader = _warm_loader(f)
     if loader[1] is None or not (f.storage_rate < loader[1] or f.disk_shared) or f.object_store:
         return []  # data at a URL: the object-store remedy stages it (the node cache, with reads in flight)
     shared = "; the disk is shared with other jobs, which then no longer slow this one" if f.disk_shared else ""
@@ -192,8 +199,7 @@ def _object_store(f: Figures, n: _Names) -> Remedy | None:
     """Data at a URL: read it with the proposed reads in flight through the node cache (whole
     shards staged ahead of the reader); loose files packed into shards first."""
     o = f.object_store
-    loader = (("Lt", f.stoker_loader_transform, "stoker.Loader with your transform, warm") if f.user_transform
-              else ("L", f.stoker_loader, "stoker.Loader on the sample pack, warm (from RAM)"))
+    loader = _warm_loader(f)
     if o is None or loader[1] is None:
         return None
     size = size_words(o.read_bytes)
