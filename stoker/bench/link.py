@@ -175,7 +175,7 @@ class ShapedLink:
                 if headers.get(b"expect", b"").lower() == b"100-continue":  # answered here; the server sees none
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                     head = _without_header(head, b"expect")
-                body = _read_body(from_client, headers, has_body=True)
+                body = _read_body(from_client, headers)
                 fault, fraction = self._draw(method, target, headers.get(b"range", b""))
                 time.sleep(self.delay)
                 if fault in _ERRORS:
@@ -228,7 +228,7 @@ class ShapedLink:
             return True, upstream_open
         stream = _Bucket(self.stream_rate)
         if chunked or length is None:  # framed by chunks, or by the end of the connection
-            body = _read_body(from_upstream, headers, has_body=True) if chunked else from_upstream.read()
+            body = _read_body(from_upstream, headers) if chunked else from_upstream.read()
             for start in range(0, len(body), _PIECE):
                 self._send(client, body[start : start + _PIECE], stream)
             return chunked, chunked and upstream_open
@@ -358,10 +358,8 @@ def _without_header(head: bytes, name: bytes) -> bytes:
     return b"\r\n".join(line for line in lines if line.partition(b":")[0].strip().lower() != name)
 
 
-def _read_body(stream: IO[bytes], headers: dict[bytes, bytes], has_body: bool) -> bytes:
+def _read_body(stream: IO[bytes], headers: dict[bytes, bytes]) -> bytes:
     """A message body as it came (chunked framing kept): by Content-Length, chunked, or none."""
-    if not has_body:
-        return b""
     if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
         parts = []
         while True:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol
 
 import numpy as np
 import torch.distributed as dist
@@ -38,7 +38,6 @@ Order = Literal["quasi_random", "random", "sequential"]
 ORDERS = ("quasi_random", "random", "sequential")
 
 
-@runtime_checkable
 class EpochOrder(Protocol):
     """What decides the global sequence of each epoch (a pure function of its arguments): the same
     for any number of ranks, so that a resume on another world size continues it exactly."""
