@@ -9,6 +9,7 @@
     doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
     watch(loader)        ──>  per-step data wait against step time, inside a training loop
     echo(loader)         ──>  batches from data already in memory while the input pipeline lags
+    pack_spark(df, DST)  ──>  shards from a Spark DataFrame, one per partition, each written by its executor
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _EXPORTS = {
     "loader_for": "stoker.loader",
     "PackResult": "stoker.pack",
     "pack": "stoker.pack",
+    "pack_spark": "stoker.pack.spark_writer",  # pyspark, the `spark` extra
     "VideoClipDataset": "stoker.video",  # PyAV, the `video` extra
 }
 
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
     from stoker.loader import CropSpec, Loader, loader_for
     from stoker.pack import PackResult, pack
+    from stoker.pack.spark_writer import pack_spark
     from stoker.video import VideoClipDataset
     from stoker.watch import watch
 
@@ -110,5 +113,6 @@ __all__ = [
     "echo",
     "loader_for",
     "pack",
+    "pack_spark",
     "watch",
 ]
