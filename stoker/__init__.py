@@ -9,6 +9,9 @@
     doctor(PATH)         ──>  where input time goes (storage, decode, transform, loader) and what to do
     watch(loader)        ──>  per-step data wait against step time, inside a training loop
     echo(loader)         ──>  batches from data already in memory while the input pipeline lags
+    pack_spark(df, DST)  ──>  shards from a Spark DataFrame, one per partition, each written by its executor
+    ShardDatasink(DST)   ──>  shards from a Ray Dataset: ds.write_datasink(ShardDatasink(DST))
+    ShardDatasource(DST) ──>  a data set as Ray Data rows, for Ray Train: ray.data.read_datasource(...)
 """
 
 from __future__ import annotations
@@ -42,18 +45,24 @@ _EXPORTS = {
     "loader_for": "stoker.loader",
     "PackResult": "stoker.pack",
     "pack": "stoker.pack",
+    "pack_spark": "stoker.pack.spark_writer",  # pyspark, the `spark` extra
+    "ShardDatasink": "stoker.pack.ray_datasink",  # Ray Data, the `ray-data` extra
+    "ShardDatasource": "stoker.data.ray_datasource",
     "VideoClipDataset": "stoker.video",  # PyAV, the `video` extra
 }
 
 if TYPE_CHECKING:
     from stoker.data.dataset import ShardDataset
     from stoker.data.mix import Mix
+    from stoker.data.ray_datasource import ShardDatasource
     from stoker.data.sampler import QuasiRandomSampler
     from stoker.doctor import DoctorReport, doctor
     from stoker.echo import EchoStats, echo
     from stoker.errors import CorruptDataError, FormatError, OptionError, PackError, StokerError
     from stoker.loader import CropSpec, Loader, loader_for
     from stoker.pack import PackResult, pack
+    from stoker.pack.ray_datasink import ShardDatasink
+    from stoker.pack.spark_writer import pack_spark
     from stoker.video import VideoClipDataset
     from stoker.watch import watch
 
@@ -103,6 +112,8 @@ __all__ = [
     "PackResult",
     "QuasiRandomSampler",
     "ShardDataset",
+    "ShardDatasink",
+    "ShardDatasource",
     "StokerError",
     "VideoClipDataset",
     "__version__",
@@ -110,5 +121,6 @@ __all__ = [
     "echo",
     "loader_for",
     "pack",
+    "pack_spark",
     "watch",
 ]

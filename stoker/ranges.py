@@ -123,3 +123,6 @@ CLIP_FPS = Range("fps", "", 0, 1000, integer=False, above=True, unit="frames per
 # stoker.storage.stage(...)
 RETRIES = Range("retries", "", 0, 100)
 BACKOFF = Range("backoff", "", 0, 3600, integer=False, unit="seconds")
+
+# stoker.ShardDatasink(...): the rows Ray Data gives each write task, which writes them as one shard
+ROWS_PER_SHARD = Range("rows_per_shard", "", 1, 1 << 30, unit="rows")

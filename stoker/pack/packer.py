@@ -179,7 +179,7 @@ def pack(
                                   strict, upload)
                 remove_leftovers(dst, {job.name for job in jobs})
                 records, reused = _run_jobs(jobs, engine, workers, address, progress)
-                result = _finish(source, dst, records, reused, options, plan_digest, strict, started)
+                result = finish(source, dst, records, reused, options, plan_digest, strict, started)
                 shutil.rmtree(work_dir, ignore_errors=True)
             if upload is not None:
                 publish(dst, upload.url, storage_options=storage_options)
@@ -193,9 +193,10 @@ def pack(
     return result
 
 
-def _finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, options: dict, plan_digest: str,
-            strict: bool, started: float) -> PackResult:
-    """Write the rejected-input report and, last, the manifest of the finished shards."""
+def finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, options: dict, plan_digest: str,
+           strict: bool, started: float) -> PackResult:
+    """Write the rejected-input report and, last, the manifest of the finished shards (also the
+    last step of a Spark or Ray Data write: stoker/pack/engine_writes.py)."""
     rejected = [r for record in records for r in record.rejected]
     if strict and rejected:  # rejects recorded by an earlier run without --strict
         raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
@@ -377,10 +378,15 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
         shards=shards,
         schema=schema,
         classes=source.classes,
-        source={"kind": source.kind, "path": str(source.root), "listed": len(source), "options": options,
+        source={"kind": source.kind, "path": str(source.root), "listed": _inputs_of(records), "options": options,
                 "plan": plan_digest, **_not_listed(source), **restarts},
         created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     )
+
+
+def _inputs_of(records: list[ShardRecord]) -> int:
+    """How many inputs the shards' jobs were given: each is either written or rejected."""
+    return sum(record.entry.count for record in records if record.entry) + sum(len(r.rejected) for r in records)
 
 
 def _not_listed(source: Source) -> dict[str, Any]:

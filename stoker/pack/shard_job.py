@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
@@ -127,8 +127,13 @@ def load_members(ref: Any, job: ShardJob, read: Read | None,
     return [(field_name, data)], original_size, None, label, restarts
 
 
-def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None) -> ShardRecord:
+def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = None,
+                  arriving: Iterable[list[tuple]] | None = None) -> ShardRecord:
     """Write one shard; ``progress(samples, bytes)`` is called as it goes. Raises PackError.
+
+    ``arriving``: the job's items in chunks as they arrive, instead of ``job.items`` (the rows of
+    a Spark partition or a Ray Data write task, streamed: stoker/pack/rows.py); ``job.inputs``
+    reads each chunk's refs.
 
     With ``job.upload`` the shard is written in this node's scratch folder for the URL (a Ray
     task on another node has its own), uploaded, and deleted there; the driver keeps the record.
@@ -146,8 +151,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     done = done_bytes = source_bytes = 0
     try:
         with ShardWriter(job.dst, job.name) as writer:
-            reads = inputs.read([item[0] for item in job.items]) if job.video is None else repeat(None)
-            for (ref, key, label, *span), read in zip(job.items, reads):
+            for (ref, key, label, *span), read in _with_reads(job, [job.items] if arriving is None else arriving):
                 name = inputs.name(ref)
                 try:
                     members, original_size, note, read_label, restarts = load_members(ref, job, read, tuple(span))
@@ -188,6 +192,13 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     except OSError as e:
         raise PackError(f"{job.work_dir}: cannot record shard {job.name}: {e.strerror or e}") from None
     return record
+
+
+def _with_reads(job: ShardJob, chunks: Iterable[list[tuple]]) -> Iterator[tuple[tuple, Read | None]]:
+    """Each item with its read (None for a video, which load_video reads), chunk by chunk."""
+    for chunk in chunks:
+        reads = job.given_inputs().read([item[0] for item in chunk]) if job.video is None else repeat(None)
+        yield from zip(chunk, reads)
 
 
 def _move_to(upload: Upload, folder: Path, entry: ShardEntry) -> None:

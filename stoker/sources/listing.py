@@ -94,13 +94,15 @@ def parse_labels(raw: list[str], where: Callable[[int], str]) -> tuple[np.ndarra
     return np.array([index[label] for label in raw], dtype=np.int64), classes
 
 
-def make_keys(relative_paths: list[str]) -> list[str]:
-    """WebDataset keys from relative paths: extension dropped, no dots in the last part, unique.
+def make_keys(relative_paths: list[str], seen: set[str] | None = None) -> list[str]:
+    """WebDataset keys from relative paths: extension dropped, no dots in the last part, unique
+    (also against ``seen``, the keys already given, which is updated: a shard written in parts).
 
     WebDataset splits ``<key>.<field>`` at the first dot of the last path component, and tar
     readers extract names as paths, so keys never hold ``..``, a leading ``/`` or control characters.
     """
-    keys, seen = [], set()
+    keys: list[str] = []
+    seen = set() if seen is None else seen
     for rel in relative_paths:
         parts = [p for p in Path(rel).with_suffix("").as_posix().split("/") if p not in ("", ".")]
         parts = ["_" if p == ".." else p for p in parts] or ["_"]
