@@ -259,7 +259,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = commands.add_parser("pack", help="pack images (a folder, a list, Parquet, WebDataset tars, a Hugging Face "
-                            "dataset) into shards")
+                            "dataset) into shards",
+                            description="Pack SRC into shards in DST. From Python, stoker.pack(src, dst) also takes a "
+                            "Hugging Face Dataset (a DatasetDict with split=), a pandas DataFrame, a pyarrow Table and "
+                            "any map-style Dataset (docs/user-guide.md, section 2).")
     p.add_argument("src", help="an ImageFolder-style tree (ROOT/<class>/<images>); a CSV/TSV of path,label rows (or "
                    "with a header row naming its columns); Parquet files holding images or their paths (a file, a "
                    "folder of them as Hugging Face writes them, or a pattern such as 'data/train-*.parquet'); "

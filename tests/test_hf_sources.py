@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import stoker
 from stoker.cli import main
@@ -58,6 +59,17 @@ def test_decode_false_items_and_path_only_parquet_are_read_from_their_paths(some
     assert not result.rejected and packed_bytes(result.dst) == expected
     assert stoker.ShardDataset(result.dst).classes == sorted({p.parent.name for p in some})  # ClassLabel metadata
 
+    class Wrapped(torch.utils.data.Dataset):  # a user's Dataset handing on Image(decode=False) items
+        def __len__(self) -> int:
+            return len(paths_only)
+
+        def __getitem__(self, i: int):
+            return paths_only[i]
+
+    result = stoker.pack(Wrapped(), tmp_path / "wrapped", workers=1, progress=False)
+    assert not result.rejected and {bytes(stoker.ShardDataset(result.dst, decode="raw")[i][0])
+                                    for i in range(len(some))} == set(expected)
+
     gone = tmp_path / "gone.jpg"
     missing = datasets.Dataset.from_dict({"image": [str(some[0]), str(gone)], "label": [0, 1]})
     result = stoker.pack(missing.cast_column("image", datasets.Image(decode=False)), tmp_path / "one", workers=1,
@@ -75,6 +87,13 @@ def test_a_dataset_dict_split_and_save_to_disk_folders(some, tmp_path, capsys):
                                                     "split; its splits: train, test")):
         stoker.pack(splits, tmp_path / "ds", split="val", progress=False)
     result = stoker.pack(splits, tmp_path / "ds", split="test", workers=1, progress=False)
+    assert packed_bytes(result.dst) == {p.read_bytes(): p.parent.name for p in some[8:]}
+
+    for name, split in splits.items():
+        split.to_parquet(str(tmp_path / "pq" / f"{name}-00000-of-00001.parquet"))
+    with pytest.raises(stoker.PackError, match=r"holds several splits or configs \(test, train\); pack one: --split test"):
+        stoker.pack(tmp_path / "pq", tmp_path / "both", progress=False)
+    result = stoker.pack(tmp_path / "pq", tmp_path / "pq-test", split="test", workers=1, progress=False)
     assert packed_bytes(result.dst) == {p.read_bytes(): p.parent.name for p in some[8:]}
 
     splits["train"].save_to_disk(str(tmp_path / "saved"))
