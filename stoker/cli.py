@@ -80,7 +80,9 @@ def _pack(args: argparse.Namespace) -> int:
                   verify_decode=args.verify_decode, restart_rows=args.restart_rows, strict=args.strict,
                   progress=not args.quiet,
                   video_mode=args.video_mode, fps=args.fps, short_side=args.short_side, gop=args.gop, crf=args.crf,
-                  engine=args.engine, address=args.address, extensions=args.extensions)
+                  engine=args.engine, address=args.address, extensions=args.extensions,
+                  image_column=args.image_column, label_column=args.label_column, unlabelled=args.unlabelled,
+                  split=args.split)
     rate = result.source_bytes / result.seconds / 1e6 if result.seconds else 0.0
     print(f"packed {result.num_samples} samples into {result.num_shards} shards "
           f"({result.total_bytes / 1e6:.1f} MB) in {result.dst} in {result.seconds:.1f} s ({rate:.1f} MB/s read)")
@@ -256,8 +258,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_PrintEnv, help="stoker's version and its optional fast paths (as stoker env)")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    p = commands.add_parser("pack", help="pack an image folder or a path,label list into shards")
-    p.add_argument("src", help="ImageFolder-style tree (ROOT/<class>/<images>) or a CSV/TSV of path,label")
+    p = commands.add_parser("pack", help="pack images (a folder, a list, Parquet, WebDataset tars, a Hugging Face "
+                            "dataset) into shards",
+                            description="Pack SRC into shards in DST. From Python, stoker.pack(src, dst) also takes a "
+                            "Hugging Face Dataset (a DatasetDict with split=), a pandas DataFrame, a pyarrow Table and "
+                            "any map-style Dataset (docs/user-guide.md, section 2).")
+    p.add_argument("src", help="an ImageFolder-style tree (ROOT/<class>/<images>); a CSV/TSV of path,label rows (or "
+                   "with a header row naming its columns); Parquet files holding images or their paths (a file, a "
+                   "folder of them as Hugging Face writes them, or a pattern such as 'data/train-*.parquet'); "
+                   "WebDataset .tar shards (a file or a folder of them; key.jpg + key.cls); a Hugging Face "
+                   "save_to_disk folder")
     p.add_argument("dst", help="output folder (created; must be empty or a previous pack of the same input), "
                    "or an fsspec URL such as s3://bucket/prefix (each shard uploaded as soon as it is written)")
     p.add_argument("--shard-size", type=ranges.SHARD_BYTES.argument(parse_size), default=DEFAULT_SHARD_BYTES,
@@ -279,6 +289,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--extensions", default=None, metavar="EXT,...",
                    help="file extensions to pack from a folder (default: ImageFolder's: jpg,jpeg,png,ppm,bmp,pgm,tif,"
                    "tiff,webp; videos: mp4,m4v,mov,mkv,webm,avi); +gif adds to the default")
+    p.add_argument("--image-column", default=None, metavar="NAME",
+                   help="the column holding the images (encoded bytes, a Hugging Face Image struct of bytes and path, "
+                   "or file paths) of Parquet, a CSV/TSV with a header row or a Hugging Face dataset (default: the "
+                   "first such column; a CSV/TSV's 'path')")
+    p.add_argument("--label-column", default=None, metavar="NAME",
+                   help="the column holding the labels (integers or class names) of the same sources, or a WebDataset "
+                   "sample's label member (default: 'label' or 'labels'; tars: .cls, .label, .class); a source where "
+                   "none is found is refused")
+    p.add_argument("--unlabelled", action="store_true",
+                   help="the source has no labels: pack without them (else a source without labels is refused)")
+    p.add_argument("--split", default=None, metavar="NAME",
+                   help="the split to pack from a Hugging Face save_to_disk folder of several, or a folder of Parquet "
+                   "splits (train-00000-of-00002.parquet, test-...)")
     p.add_argument("--verify-decode", action="store_true", help="fully decode every image to check it")
     p.add_argument("--restart-rows", action="store_true",
                    help="transcode baseline JPEGs losslessly with restart markers, so stoker.Loader decodes only the "

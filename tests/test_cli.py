@@ -78,3 +78,13 @@ def test_errors_are_one_clear_line(tmp_path, capsys):
                                          ("1.5GiB", 3 << 29)])
 def test_sizes(text, value):
     assert parse_size(text) == value
+
+
+def test_pack_help_names_every_kind_of_source_and_the_column_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["pack", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for named in ("ImageFolder", "CSV/TSV", "Parquet", "WebDataset .tar", "Hugging Face save_to_disk folder",
+                  "Hugging Face Dataset", "pandas DataFrame", "pyarrow Table", "map-style Dataset",
+                  "--image-column", "--label-column", "--unlabelled", "--split"):
+        assert named in text, named

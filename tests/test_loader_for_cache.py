@@ -168,3 +168,22 @@ def test_a_pack_of_other_input_raises_a_typed_error(folder, tmp_path):
     assert isinstance(raised.value, PackError) and raised.value.dst == str(tmp_path / "pack")
     again = pickle.loads(pickle.dumps(raised.value))  # from a worker process, as it was
     assert type(again) is PackMismatchError and str(again) == str(raised.value)
+
+
+def test_a_path_list_and_a_save_to_disk_folder_follow_their_files(folder, caplog, tmp_path):
+    """Any source at a path is cached by its files: a CSV list's images, a save_to_disk folder's Arrow files."""
+    listing = tmp_path / "list.csv"
+    listing.write_text("file,kind\n" + "".join(f"{p},{p.parent.name}\n" for p in files(folder)))
+    dataset, _ = load(listing, caplog, image_column="file", label_column="kind")
+    assert dataset.classes == sorted(p.name for p in folder.iterdir()) and len(dataset) == 12
+    assert load(listing, caplog, image_column="file", label_column="kind")[1] == ""
+    files(folder)[0].write_bytes(files(folder)[1].read_bytes())
+    assert "1 file changed" in load(listing, caplog, image_column="file", label_column="kind")[1]
+
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"image": [p.read_bytes() for p in files(folder)], "label": [0] * 12})
+    table.save_to_disk(str(tmp_path / "saved"))
+    assert len(load(tmp_path / "saved", caplog)[0]) == 12 and load(tmp_path / "saved", caplog)[1] == ""
+    table.select(range(6)).save_to_disk(str(tmp_path / "saved"))
+    dataset, warned = load(tmp_path / "saved", caplog)
+    assert "changed since it was packed" in warned and len(dataset) == 6

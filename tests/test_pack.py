@@ -193,7 +193,7 @@ def test_path_list_sources(photos, tmp_path):
     tsv = tmp_path / "list.tsv"
     tsv.write_text("".join(f"{p}\t{i}\n" for i, p in enumerate(files)))
     numeric = stoker.ShardDataset(stoker.pack(tsv, tmp_path / "tsv", workers=1, progress=False).dst, decode="raw")
-    assert numeric.classes == [] and sorted(numeric.targets.tolist()) == list(range(10))
+    assert numeric.classes == [str(i) for i in range(10)] and sorted(numeric.targets.tolist()) == list(range(10))
 
 
 def test_shuffle_seed_is_deterministic(photos, tmp_path):
@@ -254,4 +254,5 @@ def test_path_list_header_after_bom_and_comments(photos, tmp_path):
     rows = "".join(f"{p},{label}\n" for p, label in zip(files, (2, 10, -1)))
     (tmp_path / "list.csv").write_bytes("\ufeff# made by hand\npath,label\n".encode() + rows.encode())
     dataset = stoker.ShardDataset(stoker.pack(tmp_path / "list.csv", tmp_path / "out", progress=False).dst)
-    assert len(dataset) == 3 and sorted(dataset.targets.tolist()) == [-1, 2, 10] and dataset.classes == []
+    assert len(dataset) == 3 and sorted(dataset.targets.tolist()) == [-1, 2, 10]
+    assert dataset.classes == [str(i) for i in range(11)]  # integer labels without names: named by their numbers

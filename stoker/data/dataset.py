@@ -15,7 +15,9 @@ import torch.utils.data
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
 from stoker.data.readers import ReadBuffer, ShardReader
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
-from stoker.errors import CorruptDataError, StokerError
+from stoker.errors import CorruptDataError, OptionError, StokerError
+from stoker.format.manifest import complete_classes
+from stoker.sources.kinds import described
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,11 @@ class ShardDataset(torch.utils.data.Dataset):
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         reads_in_flight: int = DEFAULT_PARALLEL,
     ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionError(f"ShardDataset takes the path or URL of a packed stoker data set, got {described(path)}; "
+                              "to read a folder of images, a Dataset or a table, pack it first: "
+                              "stoker.loader_for(source, transform, batch_size) packs it once and reads it, "
+                              "stoker.pack(source, dst) writes the data set ShardDataset reads")
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         if on_error not in ("raise", "skip"):
@@ -106,6 +113,7 @@ class ShardDataset(torch.utils.data.Dataset):
         if not self._image_fields:
             raise StokerError(f"{self.root}: the data set has no image field (schema: {schema})")
         self._targets: np.ndarray | None = None
+        self._classes: list[str] | None = None
         # packed with --restart-rows: JPEGs carry a restart table the Loader decodes strips with
         self.restart_rows = bool(self.shards.manifest.source.get("options", {}).get("restart_rows"))
 
@@ -198,8 +206,13 @@ class ShardDataset(torch.utils.data.Dataset):
 
     @property
     def classes(self) -> list[str]:
-        """Class names; index i is label i, as ImageFolder assigns them (sorted folder names)."""
-        return list(self.shards.manifest.classes or [])
+        """Class names; index i is label i, as ImageFolder assigns them (sorted folder names). Never
+        shorter than the labels need: a data set packed without names (by an earlier stoker, from
+        integer labels) names label i ``"i"``; one without labels has none."""
+        if self._classes is None:
+            named = self.shards.manifest.classes
+            self._classes = list(named) if named else complete_classes(None, int(self.targets.max(initial=-1))) or []
+        return list(self._classes)
 
     @property
     def class_to_idx(self) -> dict[str, int]:

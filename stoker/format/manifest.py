@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,16 @@ class Manifest:
             expected += s.count
         if expected != self.num_samples:
             raise FormatError(f"{source}: shards hold {expected} samples, manifest says {self.num_samples}")
+
+
+def complete_classes(names: Sequence[str] | None, max_label: int) -> list[str] | None:
+    """Class names for labels up to ``max_label``: ``names`` (a source's own: folder names, a
+    ClassLabel's, string labels sorted), followed by the numbers of any labels past them (``"0"``,
+    ``"1"``, ... for integer labels without names), so that a model sized by ``len(classes)`` has an
+    output for every label. None where there are neither names nor labels."""
+    complete = list(names or [])
+    complete += [str(label) for label in range(len(complete), max_label + 1)]
+    return complete or None
 
 
 def checksum_problem(data: dict[str, Any]) -> str | None:

@@ -63,8 +63,10 @@ class StampChanges:
 
 
 def listed_files(source: Source) -> list[str]:
-    """The files ``source`` reads, each once in listing order: its paths, or the Parquet and tar
-    files its rows and members are in."""
+    """The files ``source`` reads, each once in listing order: its paths, the Parquet and tar
+    files its rows and members are in, or the files it names itself (a save_to_disk folder's)."""
+    if source.files is not None:
+        return list(source.files)
     return list(dict.fromkeys(ref if isinstance(ref, str) else str(ref[0]) for ref in source.refs))
 
 

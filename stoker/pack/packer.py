@@ -1,4 +1,4 @@
-"""``pack``: turn an image folder or path list into a stoker data set, in parallel, resumably.
+"""``pack``: turn a source of images (stoker/sources/) into a stoker data set, in parallel, resumably.
 
     source listing ──> plan (fixed up front) ──> one job per shard ──> worker processes
                                                                          │ ShardWriter: tmp, fsync, rename
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from stoker.errors import OptionError, PackError, PackMismatchError
 from stoker.format import (
     DEFAULT_SHARD_BYTES,
     MANIFEST_NAME,
+    NO_LABEL,
     REJECTED_NAME,
     Manifest,
     ShardEntry,
@@ -41,14 +41,16 @@ from stoker.format import (
     write_manifest,
 )
 from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_field
+from stoker.format.manifest import complete_classes
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
 from stoker.pack.local_engine import run_local
 from stoker.pack.options import ImageOptions, VideoOptions, pack_options
+from stoker.pack.progress import LazyBar
 from stoker.pack.restarts import check_available, summarize
 from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
 from stoker.ranges import PACK_WORKERS, SHARD_BYTES, SHUFFLE_SEED
-from stoker.sources import BadInput, Source, open_source
+from stoker.sources import BadInput, Source, SourceOptions, open_source
 from stoker.storage.publish import Upload, publish
 from stoker.storage.remote import is_url
 from stoker.version import __version__
@@ -97,12 +99,24 @@ def pack(
     engine: str = "local",
     address: str | None = None,
     extensions: str | Sequence[str] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    unlabelled: bool = False,
+    split: str | None = None,
 ) -> PackResult:
     """Pack ``src`` into shards in ``dst``. ``src`` is an ImageFolder tree, a CSV/TSV of
-    ``path,label``, Parquet files holding encoded images (a file or a folder of them, as Hugging
-    Face ``datasets`` writes them, or a pattern), WebDataset tar shards (a file or a folder of
-    them), or a map-style Dataset whose items are ``image``, ``(image, label)`` or a dict with
-    both (see stoker/pack/inputs.py).
+    ``path,label``, Parquet files holding encoded images or their paths (a file or a folder of
+    them, as Hugging Face ``datasets`` writes them, or a pattern), WebDataset tar shards (a file or
+    a folder of them), a Hugging Face Dataset (a DatasetDict's ``split``, a ``save_to_disk``
+    folder), a pandas DataFrame, a pyarrow Table, or a map-style Dataset whose items are
+    ``image``, ``(image, label)`` or a dict with both (see stoker/sources/). Anything else is
+    refused (OptionError) in one line naming what is taken.
+
+    The image and label of a table (or CSV/TSV with a header row, a Dataset's dict items) are in
+    ``image_column`` and ``label_column`` (default: found by their usual names; a WebDataset
+    sample's label member too). A source where no label is found is refused, naming what it
+    has, unless ``unlabelled`` (then no label is packed). Class names are the source's own
+    (folders, a ClassLabel's, string labels) and, for integer labels past them, the numbers.
 
     With ``video_mode`` the inputs are videos (class folders of .mp4/.mkv/.avi/... files, or a
     list): ``"frames"`` stores each kept frame as a JPEG (``fps``: resample; ``short_side``:
@@ -154,15 +168,16 @@ def pack(
     if upload is not None:  # the plan and records live here; each task writes its shards in its own node's scratch
         dst = upload.scratch
     started = time.perf_counter()
-    source = open_source(src, videos=video_mode is not None, extensions=extensions)
+    chosen = SourceOptions(image_column, label_column, unlabelled, split)
+    source = open_source(src, videos=video_mode is not None, extensions=extensions, options=chosen)
     dst = Path(dst)
     check_destination(source, dst)
     # restart_rows only when set: packs of earlier versions resume and are recognized as before
     digested = {k: v for k, v in asdict(image_options).items() if k != "restart_rows" or v}
     plan_digest = plan.digest(source.identity or source.refs, source.keys, source.labels, digested, shard_bytes,
-                              shuffle_seed, *([asdict(video)] if video else []))
+                              shuffle_seed, *([asdict(video)] if video else []), *([chosen.given()] if chosen.given() else []))
     options = {"shard_bytes": shard_bytes, "shuffle_seed": shuffle_seed, **asdict(image_options),
-               **({"video": asdict(video)} if video else {})}
+               **({"video": asdict(video)} if video else {}), **chosen.given()}
     if upload is not None and MANIFEST_NAME in upload.sizes():  # uploaded in full by an earlier run
         manifest = Manifest.from_json(upload.read(MANIFEST_NAME), f"{upload.url}/{MANIFEST_NAME}")
         return replace(_existing_result(manifest, dst, plan_digest, started), dst=upload.url)
@@ -313,7 +328,7 @@ def _run_jobs(jobs: list[ShardJob], engine: str, workers: int | None, address: s
     todo = [job for job in jobs if job.name not in records]
     if todo:
         total = sum(len(job.items) for job in jobs)
-        bar = _LazyBar(total, total - sum(len(job.items) for job in todo), show_progress)
+        bar = LazyBar(total, total - sum(len(job.items) for job in todo), show_progress)
         if engine == "ray":
             from stoker.pack.ray_engine import run_on_ray  # Ray only when asked for
 
@@ -342,25 +357,6 @@ def _check_arrived(record: ShardRecord, job: ShardJob) -> None:
                         "file system every node shares, or an object store URL (s3://...)")
 
 
-class _LazyBar:
-    """A tqdm bar created on first update: after the engine has started its workers, so that no
-    forked worker inherits the bar's monitor thread."""
-
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.total, self.initial, self.enabled = total, initial, enabled
-        self.bar: tqdm | None = None
-
-    def update(self, samples: int) -> None:
-        if self.bar is None:
-            self.bar = tqdm(total=self.total, initial=self.initial, unit="img", desc="pack",
-                            disable=not self.enabled, smoothing=0.1)
-        self.bar.update(samples)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict, plan_digest: str) -> Manifest:
     shards, start, fields = [], 0, {}
     for record in records:
@@ -377,7 +373,8 @@ def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict
         num_samples=start,
         shards=shards,
         schema=schema,
-        classes=source.classes,
+        classes=complete_classes(source.classes, max([int(source.labels.max(initial=NO_LABEL))] +
+                                                     [record.max_label for record in records])),
         source={"kind": source.kind, "path": str(source.root), "listed": _inputs_of(records), "options": options,
                 "plan": plan_digest, **_not_listed(source), **restarts},
         created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},

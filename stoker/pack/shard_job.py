@@ -68,6 +68,7 @@ class ShardRecord:
     rejected: list[tuple[str, str]] = field(default_factory=list)
     notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
     restarts: dict[str, int] = field(default_factory=dict)  # --restart-rows: images transcoded, and kept by reason
+    max_label: int = NO_LABEL  # the largest label written (a Dataset's come with its items): classes cover it
 
     def save(self, work_dir: str | os.PathLike) -> None:
         """Write the record atomically into the work folder; its presence marks the shard finished."""
@@ -81,7 +82,7 @@ class ShardRecord:
             entry = ShardEntry(**data["entry"]) if data["entry"] else None
             return cls(data["name"], data["digest"], entry, data["source_bytes"], data["fields"],
                        [tuple(r) for r in data["rejected"]], [tuple(n) for n in data.get("notes", [])],
-                       {str(k): int(v) for k, v in data.get("restarts", {}).items()})
+                       {str(k): int(v) for k, v in data.get("restarts", {}).items()}, int(data.get("max_label", NO_LABEL)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -149,6 +150,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
     notes: list[tuple[str, str]] = []
     restart_counts: Counter[str] = Counter()
     done = done_bytes = source_bytes = 0
+    max_label = NO_LABEL
     try:
         with ShardWriter(job.dst, job.name) as writer:
             for (ref, key, label, *span), read in _with_reads(job, [job.items] if arriving is None else arriving):
@@ -168,6 +170,7 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
                     if label != NO_LABEL:
                         members.append((CLASS_FIELD, str(label).encode("ascii")))
                     writer.add(key, label, members)
+                    max_label = max(max_label, label)
                     done_bytes += sum(len(data) for _, data in members)
                     source_bytes += original_size
                 done += 1
@@ -186,7 +189,8 @@ def run_shard_job(job: ShardJob, progress: Callable[[int, int], None] | None = N
         _move_to(job.upload, Path(job.dst), entry)
     if progress:
         progress(done, done_bytes)
-    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes, dict(restart_counts))
+    record = ShardRecord(job.name, job.digest, entry, source_bytes, fields, rejected, notes, dict(restart_counts),
+                         max_label)
     try:
         record.save(job.work_dir)
     except OSError as e:

@@ -1,5 +1,5 @@
-"""Sources whose images live inside other files: Parquet (the Hugging Face ``datasets`` layout)
-and WebDataset tar shards, plus map-style Datasets given through the Python API.
+"""Sources whose images live inside other files: Parquet (the Hugging Face ``datasets`` layout,
+or any table of images or image paths) and WebDataset tar shards.
 
 Each is listed up front into refs (see stoker/sources/inputs.py), keys and labels, as the file
 sources are, so the shard plan is fixed before any image is read and a rerun resumes.
@@ -8,8 +8,6 @@ sources are, so the shard plan is fixed before any image is read and a rerun res
 from __future__ import annotations
 
 import glob
-import hashlib
-import json
 import logging
 import os
 import re
@@ -20,23 +18,24 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import PackError
+from stoker.errors import OptionError, PackError
 from stoker.format import NO_LABEL
-from stoker.sources.inputs import BadInput, DatasetItems, ParquetRows, TarMembers, file_kind
+from stoker.sources.columns import SourceOptions, class_label_names, table_columns, table_labels
+from stoker.sources.inputs import TarMembers, file_kind
 from stoker.sources.listing import IMAGE_EXTENSIONS, Source, make_keys, parse_labels
+from stoker.sources.rows import ParquetRows
 
 log = logging.getLogger("stoker.pack")
 _SPLIT_FILE = re.compile(r"(.+?)-\d{5}-of-\d{5}(?:-[0-9a-f]+)?\.parquet")  # split-NNNNN-of-NNNNN[-hash].parquet
-LABEL_COLUMNS = ("label", "labels")  # Hugging Face names its ClassLabel column one of these
 LABEL_FIELDS = ("cls", "cls.txt", "label", "label.txt", "class")  # WebDataset label members
 
 
-def archives_in(src: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> list[Path]:
+def archives_in(src: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, split: str | None = None) -> list[Path]:
     """The Parquet or tar files that ``src`` is (a file), matches (a glob pattern such as
     ``data/train-*.parquet``) or holds (Parquet anywhere below, tar files directly in it); empty
     when it is none of these, or an image folder (class folders holding images win over a stray
     ``metadata.parquet``; images are files with ``extensions``). A folder holding several Hugging
-    Face splits or configs is refused."""
+    Face splits or configs is refused unless ``split`` names one of them."""
     if not src.exists() and any(c in str(src) for c in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(src)) if p.lower().endswith((".parquet", ".tar")))
         if not files:
@@ -47,11 +46,18 @@ def archives_in(src: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> li
     if not src.is_dir() or _holds_class_folders_of_images(src, extensions):
         return []
     parquet = sorted(src.rglob("*.parquet"))
-    splits = sorted({split for p in parquet if (split := _split_of(p)) is not None})
+    splits = sorted({found for p in parquet if (found := _split_of(p)) is not None})
+    if split is not None and parquet:
+        named = [p for p in parquet if (found := _split_of(p)) is not None and found[1] == split]
+        if not named:
+            held = ", ".join(sorted({name for _, name in splits})) or "none named as Hugging Face names them"
+            raise OptionError(f"split={split!r} (--split): {src} holds no such split of Parquet files (its splits: {held})")
+        parquet = named
+        splits = sorted({found for p in parquet if (found := _split_of(p)) is not None})
     if len(splits) > 1:
         names = ", ".join(f"{folder.relative_to(src) / name}" for folder, name in splits[:4])
-        raise PackError(f"{src}: holds several splits or configs ({names}); pack one: give its folder or a pattern "
-                        f"such as {splits[0][0] / (splits[0][1] + '-*.parquet')}")
+        raise PackError(f"{src}: holds several splits or configs ({names}); pack one: --split {splits[0][1]} "
+                        f"(split=), or give its folder or a pattern such as {splits[0][0] / (splits[0][1] + '-*.parquet')}")
     return parquet or sorted(p for p in src.iterdir() if p.suffix.lower() == ".tar" and not p.is_dir())
 
 
@@ -73,45 +79,52 @@ def _holds_class_folders_of_images(src: Path, extensions: tuple[str, ...]) -> bo
     return False
 
 
-def list_archives(src: Path, files: list[Path], extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Source:
+def list_archives(src: Path, files: list[Path], extensions: tuple[str, ...], options: SourceOptions) -> Source:
     """List Parquet files or WebDataset tar shards, by the first file's suffix; the image member
     of a tar sample is its first with one of ``extensions``. A file that is not a regular file (a
     FIFO, a device) is refused without being opened."""
     for file in files:
         if not stat.S_ISREG(os.stat(file).st_mode):
             raise PackError(f"{file}: not a regular file but {file_kind(file)}")
-    return list_parquet(src, files) if files[0].suffix.lower() == ".parquet" else list_tar_shards(src, files, extensions)
+    if files[0].suffix.lower() == ".parquet":
+        return list_parquet(src, files, options)
+    return list_tar_shards(src, files, extensions, options)
 
 
-def list_parquet(src: Path, files: list[Path]) -> Source:
-    """Rows of Parquet files holding encoded images: a struct column of ``bytes`` and ``path``
-    (as Hugging Face ``datasets`` writes an Image feature) or a binary column, and an optional
-    integer or string ``label`` column; class names from the ClassLabel in the file's metadata."""
+def list_parquet(src: Path, files: list[Path], options: SourceOptions) -> Source:
+    """Rows of Parquet files holding images: a struct column of ``bytes`` and ``path`` (as
+    Hugging Face ``datasets`` writes an Image feature; a row without bytes is read from its path),
+    a binary column, or a column of paths; and a ``label`` column (or the columns ``options``
+    name), of integers or class names; class names from the ClassLabel in the file's metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    refs, names, labels = [], [], []
-    image = path_column = label_column = None
-    classes = None
+    options.refuse_except(("image_column", "label_column", "unlabelled", *(("split",) if src.is_dir() else ())),
+                          "a Parquet file or pattern")
+    refs, names, label_chunks = [], [], []
+    columns = first = None
+    missing = ""
     for file in files:
         try:
             parquet = pq.ParquetFile(file)
             schema = parquet.schema_arrow
-            columns = _parquet_columns(file, schema, pa)
-            if image is None:
-                (image, path_column, label_column), first = columns, schema
-                classes = _class_names(schema, label_column)
-            elif columns != (image, path_column, label_column) or not _same_types(schema, first, columns):
-                raise PackError(f"{file}: its image, path and label columns ({', '.join(map(str, columns))}) or their "
-                                f"types differ from those of {files[0]} ({image}, {path_column}, {label_column}); "
-                                "pack them apart")
-            wanted = [c for c in (path_column, label_column) if c]
+            chosen, why = table_columns(str(file), schema, options)
+            if columns is None:
+                columns, first, missing = chosen, schema, why
+            elif chosen != columns or not _same_types(schema, first, chosen):
+                raise PackError(f"{file}: its image and label columns ({chosen.image}, {chosen.label}) or their types "
+                                f"differ from those of {files[0]} ({columns.image}, {columns.label}); pack them apart")
+            path = _path_leaf(schema, chosen)
+            wanted = [c for c in (path, chosen.label) if c]
             table = parquet.read(columns=wanted).flatten() if wanted else None
+        except OptionError:
+            raise
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
             raise PackError(f"{file}: not a readable Parquet file ({e})") from None
-        paths = table.column(path_column).to_pylist() if table is not None and path_column else [None] * parquet.metadata.num_rows
-        if table is not None and label_column:
-            labels += ["" if v is None else str(v) for v in table.column(label_column).to_pylist()]
+        rows = parquet.metadata.num_rows
+        paths = table.column(path).to_pylist() if table is not None and path else [None] * rows
+        if table is not None and chosen.label:
+            label_chunks += table.column(chosen.label).chunks
         prefix = file.relative_to(src if src.is_dir() else src.parent).with_suffix("").as_posix()
         row = 0
         for group in range(parquet.metadata.num_row_groups):
@@ -119,53 +132,39 @@ def list_parquet(src: Path, files: list[Path]) -> Source:
                 refs.append((str(file), group, in_group))
                 names.append(f"{prefix}/{paths[row] or f'{row:09d}'}")
                 row += 1
-    if not refs or image is None:  # image is None only when there are no files
+    if not refs or columns is None or first is None:  # None only when there are no files
         raise PackError(f"{src}: the Parquet files hold no rows")
-    keys = make_keys([f"{name}.x" for name in names])
-    label_array, listed_classes = _labels(labels, refs, ParquetRows(image))
-    return Source("parquet", src, refs, keys, label_array, classes if classes else listed_classes,
-                  inputs=ParquetRows(image))
+    labels, classes = np.full(len(refs), NO_LABEL, np.int64), None
+    if columns.label is not None:
+        column = pa.chunked_array(label_chunks, first.field(columns.label).type)
+        labels, classes, missing = table_labels(f"{src}: column {columns.label!r}", column,
+                                                class_label_names(first, columns.label))
+    return Source("parquet", src, refs, make_keys([f"{name}.x" for name in names]), labels, classes,
+                  inputs=ParquetRows(columns), missing_labels=missing)
 
 
-def _parquet_columns(file: Path, schema: Any, pa: Any) -> tuple[str, str | None, str | None]:
-    """The image's leaf column, the path column (None without one), the label column (None)."""
-    image = path = None
-    for f in schema:
-        if pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0:
-            image = f"{f.name}.bytes"
-            path = f"{f.name}.path" if f.type.get_field_index("path") >= 0 else None
-            break
-        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
-            image = f.name
-            break
-    if image is None:
-        raise PackError(f"{file}: no image column (a struct of bytes and path, as Hugging Face writes, or binary)")
-    label = next((name for name in LABEL_COLUMNS if schema.get_field_index(name) >= 0), None)
-    return image, path, label
+def _path_leaf(schema: Any, columns: Any) -> str | None:
+    """The column holding each row's path, for its key: the Image struct's ``path``, or the image
+    column itself when it holds paths; None without one."""
+    if columns.kind == "path":
+        return columns.image
+    image = schema.field(columns.image).type
+    return f"{columns.image}.path" if columns.kind == "struct" and image.get_field_index("path") >= 0 else None
 
 
-def _same_types(schema: Any, first: Any, columns: tuple[str | None, ...]) -> bool:
-    """Whether the top-level columns behind ``columns`` (``image.bytes`` is in ``image``; a
-    column may have a dot in its own name) have the same types in both schemas."""
-    names = {c if schema.get_field_index(c) >= 0 else c.split(".")[0] for c in columns if c}
-    return all(schema.field(name).type == first.field(name).type for name in names)
+def _same_types(schema: Any, first: Any, columns: Any) -> bool:
+    """Whether the image and label columns have the same types in both schemas."""
+    return all(schema.field(name).type == first.field(name).type for name in (columns.image, columns.label) if name)
 
 
-def _class_names(schema: Any, label_column: str | None) -> list[str] | None:
-    """ClassLabel names from the ``huggingface`` schema metadata, if the file has them."""
-    try:
-        meta = json.loads((schema.metadata or {})[b"huggingface"])
-        feature = meta["info"]["features"][label_column]
-        return list(feature["names"]) if feature.get("_type") == "ClassLabel" else None
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Source:
+def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...], options: SourceOptions) -> Source:
     """Samples of WebDataset tar shards: members grouped by key (the name up to the first dot
-    of its last part), the first image member as the image, and a ``.cls`` (or ``.label``)
-    member as the label."""
+    of its last part), the first image member as the image, and a ``.cls`` (or ``.label``, or
+    the member ``options.label_column`` names) member as the label."""
+    options.refuse_except(("label_column", "unlabelled"), "WebDataset tar files (--extensions picks the image member)")
+    label_fields = () if options.unlabelled else (options.label_column.lower(),) if options.label_column else LABEL_FIELDS
     refs, names, labels = [], [], []
+    seen: dict[str, None] = {}  # the members' fields, in order, to name where no label is found
     for tar in files:
         samples: dict[str, dict[str, tarfile.TarInfo]] = {}
         try:
@@ -180,15 +179,21 @@ def list_tar_shards(src: Path, files: list[Path], extensions: tuple[str, ...] = 
                     refs.append((str(tar), image.offset_data if image else -1, image.size if image else 0,
                                  image.name if image else key))
                     names.append(f"{tar.stem}/{key}")
-                    label = next((fields[f] for f in LABEL_FIELDS if f in fields), None)
+                    label = next((fields[f] for f in label_fields if f in fields), None)
                     labels.append(_read(tar, archive, label).decode("utf-8", "replace").strip() if label else "")
+                    if len(seen) < 16:
+                        seen.update(dict.fromkeys(fields))
         except (tarfile.TarError, OSError) as e:
             raise PackError(f"{tar}: not a readable tar file ({e})") from None
     if not refs:
         raise PackError(f"{src}: the tar files hold no samples")
-    label_array, classes = _labels(labels, refs, TarMembers())
+    label_array, classes = parse_labels(labels, lambda i: TarMembers().name(refs[i]))
+    missing = ""
+    if not options.unlabelled and not any(labels):
+        missing = (f"no label member ({', '.join('.' + f for f in label_fields)}) in its samples; their members: "
+                   f"{', '.join('.' + f for f in seen)}; name the label's with --label-column (label_column=)")
     return Source("webdataset", src, refs, make_keys([f"{name}.x" for name in names]), label_array, classes,
-                  inputs=TarMembers())
+                  inputs=TarMembers(), missing_labels=missing)
 
 
 def _read(tar: Path, archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -211,37 +216,3 @@ def _members(tar: Path, archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
             raise
         log.warning("%s: %s after member %s; the rest of this tar is not packed", tar, e, members[-1].name)
     return members
-
-
-def list_dataset(dataset: Any) -> Source:
-    """A map-style Dataset's indices; labels come with the items when they are read, and class
-    names from its ``classes`` attribute (as torchvision's datasets have)."""
-    try:
-        count = len(dataset)
-        dataset.__getitem__  # noqa: B018 -- refused here, not in every worker
-    except (TypeError, AttributeError):
-        raise PackError(f"{type(dataset).__name__}: not a source: expected a path, or a Dataset with "
-                        "__getitem__ and __len__") from None
-    if count == 0:
-        raise PackError(f"{type(dataset).__name__}: the Dataset is empty")
-    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    classes = getattr(dataset, "classes", None)
-    return Source("dataset", Path(kind), list(range(count)), [f"{i:09d}" for i in range(count)],
-                  np.full(count, NO_LABEL, dtype=np.int64), list(classes) if classes else None,
-                  inputs=DatasetItems(dataset), identity=[kind, count, getattr(dataset, "_fingerprint", None),
-                                                          _sampled_content(DatasetItems(dataset), count)])
-
-
-def _sampled_content(inputs: DatasetItems, count: int) -> str:
-    """A digest of a few items spread over the Dataset (bytes and labels), for the plan: a resumed
-    pack of a Dataset whose content changed starts over instead of mixing old and new shards."""
-    digest = hashlib.sha256()
-    for read in inputs.read(sorted({0, count // 3, count // 2, 2 * count // 3, count - 1})):
-        digest.update(read.reason.encode() if isinstance(read, BadInput) else read[0] + str(read[1]).encode())
-    return digest.hexdigest()
-
-
-def _labels(labels: list[str], refs: list, inputs: Any) -> tuple[np.ndarray, list[str] | None]:
-    if not labels:
-        return np.full(len(refs), NO_LABEL, dtype=np.int64), None
-    return parse_labels(labels, lambda i: inputs.name(refs[i]))

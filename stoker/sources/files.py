@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import PackError
+from stoker.errors import OptionError, PackError
+from stoker.sources.columns import LABEL_COLUMNS
 from stoker.sources.listing import IMAGE_EXTENSIONS, Source, counted_extensions, make_keys, parse_labels
 
 
@@ -97,12 +98,17 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def read_path_list(list_file: Path, videos: bool = False) -> Source:
+def read_path_list(list_file: Path, videos: bool = False, image_column: str | None = None,
+                   label_column: str | None = None) -> Source:
     """A CSV or TSV of ``path[,label]`` rows (for videos ``path,label[,start,end]``, the part of
     the video to keep, in seconds; either may be empty); an optional header row starts with ``path``.
+    A list of images may have other columns: then its first row is a header naming them, and the
+    image's column is ``image_column`` (default ``path``), the label's ``label_column`` (default
+    ``label`` or ``labels``).
 
     Relative paths are relative to the list's folder. Integer labels are kept as given; other
-    labels are class names, indexed in sorted order as ImageFolder does.
+    labels are class names, indexed in sorted order as ImageFolder does. Where no row has a label,
+    ``Source.missing_labels`` says so.
     """
     delimiter = "\t" if list_file.suffix.lower() == ".tsv" else ","
     expected = f"path{delimiter}label{delimiter}start{delimiter}end" if videos else f"path{delimiter}label"
@@ -110,17 +116,31 @@ def read_path_list(list_file: Path, videos: bool = False) -> Source:
     rows: list[tuple[str, str]] = []
     lines: list[int] = []
     spans: list[tuple[float, float]] = []
+    named = image_column is not None or label_column is not None
+    picked: tuple[int, int | None] | None = None  # (image, label) columns named by a header row
+    header: list[str] = []
     reader = csv.reader(io.StringIO(_list_text(list_file, expected), newline=""), delimiter=delimiter)
     try:
         for line, row in enumerate(reader, 1):
             if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
                 continue
-            if not rows and row[0].strip().lower() == "path":
+            if not rows and not header and (named or row[0].strip().lower() == "path"):
+                header = [cell.strip() for cell in row]
+                if named or len(header) > 2 and not videos:
+                    picked = _named_columns(list_file, header, image_column, label_column)
                 continue
-            if len(row) > (4 if videos else 2):
-                raise PackError(f"{list_file}:{line}: expected '{expected}', got {len(row)} columns")
-            rows.append((row[0].strip(), row[1].strip() if len(row) >= 2 else ""))
-            spans.append(_span(row[2:], list_file, line))
+            if picked is not None:
+                image, label = picked
+                if len(row) <= max(image, label or 0):
+                    raise PackError(f"{list_file}:{line}: {len(row)} columns where the header names {len(header)}")
+                rows.append((row[image].strip(), row[label].strip() if label is not None else ""))
+                spans.append((float("nan"), float("nan")))
+            else:
+                if len(row) > (4 if videos else 2):
+                    raise PackError(f"{list_file}:{line}: expected '{expected}', got {len(row)} columns (a list with "
+                                    "more columns needs a header row naming them)")
+                rows.append((row[0].strip(), row[1].strip() if len(row) >= 2 else ""))
+                spans.append(_span(row[2:], list_file, line))
             lines.append(line)
     except csv.Error as e:  # a NUL byte, an unclosed quote at the end
         raise PackError(f"{list_file}:{reader.line_num}: not a CSV/TSV row ({e}); expected '{expected}' rows") from None
@@ -130,8 +150,30 @@ def read_path_list(list_file: Path, videos: bool = False) -> Source:
     paths = [str(base / p) for p, _ in rows]
     rel = [os.path.relpath(p, base) if not os.path.isabs(raw) else raw for p, (raw, _) in zip(paths, rows)]
     given = np.array(spans, dtype=np.float64).reshape(-1, 2)
+    missing = ""
+    if picked is not None and picked[1] is None:
+        missing = (f"no label column ({', '.join(LABEL_COLUMNS)}) among its columns: {', '.join(header)}; "
+                   "name it with --label-column (label_column=)")
+    elif not any(label for _, label in rows):
+        missing = f"its rows hold no labels (expected '{expected}' rows)"
     return Source("path_list", list_file.resolve(), paths, make_keys(rel), labels, classes,
-                  given if videos and not np.isnan(given).all() else None)
+                  given if videos and not np.isnan(given).all() else None, missing_labels=missing)
+
+
+def _named_columns(list_file: Path, header: list[str], image_column: str | None,
+                   label_column: str | None) -> tuple[int, int | None]:
+    """The positions of the image and label columns in a list's ``header`` row; OptionError for
+    a named column the header lacks."""
+    for option, name in (("image_column", image_column), ("label_column", label_column)):
+        if name is not None and name not in header:
+            raise OptionError(f"{option}={name!r} (--{option.replace('_', '-')}): the header row of {list_file} names "
+                              f"no such column; its columns: {', '.join(header)}")
+    image = header.index(image_column or "path") if (image_column or "path") in header else None
+    if image is None:
+        raise PackError(f"{list_file}: its header row names no path column ({', '.join(header)}); name the image's "
+                        "with --image-column (image_column=)")
+    label = label_column or next((name for name in LABEL_COLUMNS if name in header), None)
+    return image, header.index(label) if label is not None else None
 
 
 def _list_text(list_file: Path, expected: str) -> str:

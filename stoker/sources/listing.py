@@ -7,6 +7,7 @@ so a rerun after a kill sees the same plan and can resume.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,12 +18,13 @@ import numpy as np
 
 from stoker.errors import OptionError, PackError
 from stoker.format import NO_LABEL
-from stoker.sources.inputs import Files, Inputs
+from stoker.sources.inputs import BadInput, Files, Inputs
 
 # The extensions torchvision's ImageFolder accepts, so both list the same files.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 _UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+CONTENT_SAMPLE = 16  # inputs spread over a Dataset or table whose content is part of its identity
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Source:
     identity: Any = None  # what the plan's digest holds for the source, when not its refs (a Dataset)
     skipped_extensions: dict[str, int] = field(default_factory=dict)  # folders: files not listed, per extension
     repeated_folders: int = 0  # folders: links to a folder already listed, not listed again
+    missing_labels: str = ""  # why no label was found (a pack refuses it unless told the source is unlabelled)
+    files: list[str] | None = None  # the files read, where the refs do not name them (a save_to_disk folder's)
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -115,3 +119,15 @@ def make_keys(relative_paths: list[str], seen: set[str] | None = None) -> list[s
         seen.add(unique)
         keys.append(unique)
     return keys
+
+
+def content_digest(inputs: Inputs, count: int) -> str:
+    """A digest of the inputs (bytes, and labels where they come with them) at ``CONTENT_SAMPLE``
+    indices spread over ``range(count)``: with the type, length and labels, the identity by which
+    a resumed pack of a Dataset or table notices other content (and starts over instead of mixing
+    old and new shards), and by which loader_for keeps a cached pack of it."""
+    spread = np.unique(np.linspace(0, count - 1, min(CONTENT_SAMPLE, count)).astype(int)).tolist()
+    digest = hashlib.sha256()
+    for read in inputs.read(spread):
+        digest.update(read.reason.encode() if isinstance(read, BadInput) else read[0] + str(read[1]).encode())
+    return digest.hexdigest()

@@ -1,0 +1,183 @@
+"""Map-style Datasets given through the Python API (torchvision's, timm's, a user's own): listed by
+index, each item read by ``__getitem__`` in the pack's workers.
+
+An item is ``image``, ``(image, label)`` or a dict holding both (``image`` and ``label`` as
+Hugging Face items have them, or the keys the user names). The image may be encoded bytes or a
+``{"bytes", "path"}`` dict (kept as they are, or read from the path), a PIL image, or a uint8
+array or tensor (HW, HWC or CHW), which are stored as JPEG (quality ``DATASET_JPEG_QUALITY``;
+PNG for modes JPEG cannot hold).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from stoker.errors import OptionError, PackError
+from stoker.format import NO_LABEL
+from stoker.sources.columns import SourceOptions
+from stoker.sources.inputs import BadInput, Read, read_regular_file
+from stoker.sources.listing import Source, content_digest
+
+DATASET_JPEG_QUALITY = 90
+IMAGE_KEYS = ("image", "img", "jpg", "png")  # dict items: where the image is (Hugging Face: "image")
+LABEL_KEYS = ("label", "labels", "cls")
+
+
+@dataclass(frozen=True)
+class DatasetItems:
+    """Items of a map-style Dataset; a ref is the index. ``image_key`` and ``label_key`` name the
+    entries of dict items (None: the usual names); with ``unlabelled`` no label is taken. The
+    dataset goes to each worker process once (Ray: once into its object store), not with every job."""
+
+    dataset: Any
+    image_key: str | None = None
+    label_key: str | None = None
+    unlabelled: bool = False
+    named = False
+
+    def name(self, ref: int) -> str:
+        return f"{type(self.dataset).__name__}[{ref}]"
+
+    def read(self, refs: Sequence[int]) -> Iterator[Read]:
+        for index in refs:
+            try:
+                item = self.dataset[index]
+            except Exception as e:  # noqa: BLE001 -- the user's __getitem__ may raise anything
+                yield BadInput(f"__getitem__ raised {type(e).__name__}: {e}")
+                continue
+            try:
+                image, label = self._image_and_label(item)
+                yield encoded(image), None if self.unlabelled else _label(label)
+            except BadInput as e:
+                yield e
+            except (OSError, ValueError, TypeError) as e:  # Pillow refusing to encode what it was given
+                yield BadInput(f"cannot encode the image ({type(e).__name__}: {e})")
+
+    def mean_size(self, refs: Sequence[int]) -> float:
+        sizes = [len(read[0]) for read in self.read(refs[:: max(1, len(refs) // 32)]) if not isinstance(read, BadInput)]
+        return float(np.mean(sizes)) if sizes else 1.0
+
+    def _image_and_label(self, item: Any) -> tuple[Any, Any]:
+        if isinstance(item, dict):
+            image = _entry(item, self.image_key, IMAGE_KEYS)
+            if image is None:
+                raise BadInput(f"the item is a dict without an image entry ({self.image_key or ', '.join(IMAGE_KEYS)}); "
+                               f"it has {sorted(map(str, item))}")
+            return image, _entry(item, self.label_key, LABEL_KEYS)
+        if isinstance(item, (tuple, list)):
+            if len(item) != 2:
+                raise BadInput(f"the item is a {type(item).__name__} of {len(item)}; expected (image, label)")
+            return item[0], item[1]
+        return item, None
+
+
+def _entry(item: dict, key: str | None, usual: tuple[str, ...]) -> Any:
+    if key is not None:
+        return item.get(key)
+    return next((item[k] for k in usual if k in item), None)
+
+
+def encoded(image: Any) -> bytes:
+    """The image as encoded bytes: bytes as they are, a ``{"bytes", "path"}`` dict's bytes or its
+    file's; PIL images and uint8 arrays/tensors encoded."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, dict):  # a Hugging Face Image(decode=False) value
+        if image.get("bytes"):
+            return bytes(image["bytes"])
+        if image.get("path"):
+            return read_regular_file(image["path"])
+        raise BadInput("the image is a dict with neither bytes nor a path")
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(_hwc_uint8(image))
+    out = io.BytesIO()
+    if image.mode in ("RGB", "L", "CMYK"):
+        image.save(out, format="JPEG", quality=DATASET_JPEG_QUALITY)
+    else:
+        image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _hwc_uint8(image: Any) -> np.ndarray:
+    array = image.numpy() if hasattr(image, "numpy") else np.asarray(image)
+    if array.dtype != np.uint8:
+        raise BadInput(f"image array of {array.dtype}: expected uint8 (or PIL images, or encoded bytes)")
+    if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[2] not in (1, 3):
+        array = array.transpose(1, 2, 0)  # CHW, as torchvision tensors are
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] != 3):
+        raise BadInput(f"image array of shape {tuple(array.shape)}: expected HW, HWC or CHW with 1 or 3 channels")
+    return np.ascontiguousarray(array)
+
+
+def _label(label: Any) -> int | None:
+    if label is None:
+        return None
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        raise BadInput(f"label {label!r} is not an integer") from None
+
+
+def list_dataset(dataset: Any, options: SourceOptions) -> Source:
+    """A map-style Dataset's indices; labels come with the items when they are read, class names
+    from its ``classes`` attribute (as torchvision's datasets have). Refused: an empty Dataset, one
+    whose items change from one read to the next (a random transform inside ``__getitem__``
+    would be packed once, frozen), and one whose items hold no label unless ``options.unlabelled``."""
+    options.refuse_except(("image_column", "label_column", "unlabelled"), "a map-style Dataset")
+    name = type(dataset).__name__
+    count = len(dataset)
+    if count == 0:
+        raise PackError(f"{name}: the Dataset is empty")
+    inputs = DatasetItems(dataset, options.image_column, options.label_column, options.unlabelled)
+    missing = _missing_label(dataset, name, options)
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    classes = None if options.unlabelled else getattr(dataset, "classes", None)
+    _read_twice_alike(inputs)
+    identity = [kind, count, content_digest(inputs, count), options.given()]
+    return Source("dataset", Path(kind), list(range(count)), [f"{i:09d}" for i in range(count)],
+                  np.full(count, NO_LABEL, dtype=np.int64), list(classes) if classes else None,
+                  inputs=inputs, identity=identity, missing_labels=missing)
+
+
+def _missing_label(dataset: Any, name: str, options: SourceOptions) -> str:
+    """Why the first item holds no label (else ""); OptionError where the named keys are not its."""
+    try:
+        item = dataset[0]
+    except Exception:  # noqa: BLE001 -- the pack names it among the rejected inputs
+        return ""
+    if isinstance(item, dict):
+        keys = ", ".join(sorted(map(str, item)))
+        for option, key in (("image_column", options.image_column), ("label_column", options.label_column)):
+            if key is not None and key not in item:
+                raise OptionError(f"{option}={key!r} (--{option.replace('_', '-')}): {name}'s items have no key "
+                                  f"{key!r}; their keys: {keys}")
+        if options.unlabelled or options.label_column or any(k in item for k in LABEL_KEYS):
+            return ""
+        return (f"its items are dicts without a label key ({', '.join(LABEL_KEYS)}); their keys: {keys}; name it "
+                "with --label-column (label_column=)")
+    given = options.image_column or options.label_column
+    if given:
+        raise OptionError(f"image_column and label_column (--image-column, --label-column) name the keys of dict "
+                          f"items; {name}'s items are not dicts but {type(item).__name__}")
+    if options.unlabelled or (isinstance(item, (tuple, list)) and len(item) == 2):
+        return ""
+    return f"its items ({type(item).__name__}) hold no label (expected (image, label) or a dict with a label)"
+
+
+def _read_twice_alike(inputs: DatasetItems) -> None:
+    """Refuse a Dataset whose item 0 differs from one read to the next: a random transform inside
+    ``__getitem__`` would be packed once, frozen."""
+    first, again = inputs.read([0, 0])
+    if not isinstance(first, BadInput) and not isinstance(again, BadInput) and first != again:
+        raise PackError(f"{inputs.name(0)}: the item differs from one read to the next (a random transform inside "
+                        "__getitem__?); stoker packs each item once: give the Dataset without its random transforms "
+                        "and apply them when reading (stoker.loader_for(..., transform=T) or ShardDataset(transform=T))")
