@@ -78,6 +78,7 @@ class GpuBatchMaker(BatchMaker):
     device: torch.device = field(default=torch.device("cuda"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         try:
             import torchvision.io  # noqa: F401
         except ImportError:
