@@ -47,7 +47,6 @@ class Skips:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._jumps: np.ndarray | None = None  # per sample: 0, not known damaged; k: it and the k - 1 after it are
-        self.found = 0  # damaged samples found (a shard that cannot be read counts all of its samples)
 
     def __len__(self) -> int:
         return int(self.bounds[-1])
@@ -93,21 +92,19 @@ class Skips:
             shard = int(np.searchsorted(self.bounds, index, side="right")) - 1
             first, end = int(self.bounds[shard]), int(self.bounds[shard + 1])
             jumps[first:end] = np.arange(end - first, 0, -1)
-            count = end - first
-        else:
-            jumps[index] = max(int(jumps[index]), 1)
-            count = 1
-        with self._lock:
-            self.found += count
-            found = self.found
+            if _first_warning(error.shard):
+                log.warning("skipping damaged sample: %s; none of the %d samples of this shard can be read, the next "
+                            "readable sample takes the place of each (counted in skipped)", error, end - first)
+            return
+        jumps[index] = max(int(jumps[index]), 1)
         if _first_warning(error.shard):
-            log.warning("skipping damaged sample: %s; the next readable sample takes its place, and other damage in "
-                        "%s is skipped without a warning (%d damaged samples found so far)", error, error.shard, found)
+            log.warning("skipping damaged sample: %s; the next readable sample takes its place, and further damage in "
+                        "%s is skipped without a warning (counted in skipped)", error, error.shard)
 
     def _table(self, create: bool = False) -> np.ndarray | None:
         """The jump table of this process (None until something is found damaged, unless ``create``)."""
         if self._pid != os.getpid():  # a forked child: its own table (the parent's lock may be held)
-            self._pid, self._lock, self._jumps, self.found = os.getpid(), threading.Lock(), None, 0
+            self._pid, self._lock, self._jumps = os.getpid(), threading.Lock(), None
         if self._jumps is None and create:
             with self._lock:
                 if self._jumps is None:
