@@ -104,6 +104,9 @@ crop, exact = stoker.CropSpec(size=(16, 16)), stoker.CropSpec("center", (16, 16)
 refused["loader"] = loader_refuses(crop, threads=2)
 refused["loader exact"] = loader_refuses(exact, threads=2)
 refused["loader processes"] = loader_refuses(exact, threads=1, processes=2)
+Image.MAX_IMAGE_PIXELS = 89_478_485  # Pillow's default: the issue's case (a worker process died)
+default = loader_refuses(stoker.CropSpec("center", (224, 224), exact=True), threads=1, processes=2)
+Image.MAX_IMAGE_PIXELS = 1000
 native_chunk.decode_chunk = None  # the per-image path (samples the native call leaves, or no extension)
 refused["per image"] = loader_refuses(crop, threads=2)
 refused["per image exact"] = loader_refuses(exact, threads=2)
@@ -114,7 +117,7 @@ try:
         pass
 except CorruptDataError as e:
     raised = [e.shard, e.key, str(e)]
-print(json.dumps({"refused": refused, "messages": messages, "raised": raised}))
+print(json.dumps({"refused": refused, "default": default, "messages": messages, "raised": raised}))
 '''
 
 
@@ -129,6 +132,7 @@ def test_every_reader_refuses_the_same_images_in_bounded_memory(with_bombs):
     assert over <= set(found["refused"]["dataset"]) and keys["good-0"] not in found["refused"]["dataset"]
     for route, refused in found["refused"].items():
         assert refused == found["refused"]["dataset"], route
+    assert found["default"] == sorted(keys[name] for name in ("bomb-progressive", "bomb-baseline", "bomb-png"))
     for key in over:
         assert "decompression bomb" in found["messages"][key].lower() and "shard-" in found["messages"][key]
     shard, key, message = found["raised"]
