@@ -117,6 +117,13 @@ CACHE_LIMIT = Range("cache_limit", "", 1, 1 << 60, unit="bytes")
 CACHE_AHEAD = Range("cache_ahead", "", 0, 1 << 20, unit="shards")
 READS_IN_FLIGHT = Range("reads_in_flight", "", 1, 1024)
 
+# CropSpec(...) (no CLI options): each side of ``size``, each end of ``scale`` and ``ratio``
+CROP_SIDE = Range("size", "", 1, 65535, unit="pixels")
+CROP_SCALE = Range("scale", "", 0, 1, integer=False, above=True, unit="of the image's area")
+CROP_RATIO = Range("ratio", "", 0, 65535, integer=False, above=True, unit="width / height")
+CENTER_FRACTION = Range("center_fraction", "", 0, 1, integer=False, above=True, unit="of the short side")
+FLIP_P = Range("flip", "", 0, 1, integer=False, unit="probability")
+
 # VideoClipDataset(...)
 CLIP_FPS = Range("fps", "", 0, 1000, integer=False, above=True, unit="frames per second")
 

@@ -22,7 +22,8 @@ region decode, crop, halving, bilinear resize, flip; or, for exact crops, the wh
 with the accurate IDCT and fancy upsampling and Pillow's resize cut to the crop) on chunks of those
 JPEGs and restart packs, damaged and truncated members, wrong checksums, members past the file's
 end or of absurd sizes, a directory's descriptor, random CropSpecs of every kind, exact or not,
-with outputs down to 1x1; and
+with outputs down to 1x1, JPEGs whose header claims 65500 x 65500 pixels and pixel budgets that
+refuse some of the others; and
 ``_photometric.apply_chunk`` with the op codes and parameters ``photometric.encode`` makes of random
 ColorJitter / Grayscale / Normalize pipelines, float32 and uint8 output, in every build the CPU
 runs, now and then with an op code that is none. Each case's outcome (a digest of the output bytes,
@@ -73,6 +74,9 @@ from stoker.sample_data import make_sample_photos
 EXTENSIONS = (_jpeg_region, _resample, _jpeg_restart, _photometric)
 SCALES = (1, 2, 4, 8)
 MAX_BLOCK = 8 << 20  # decode buffers at most this large: a smaller one than a block needs is an error to report
+# The pixel budget the cases pass (stoker/pixels.py): a damaged SOF's claim above it is refused before
+# libjpeg allocates for it (a smaller budget than the default keeps 64 threads' memory small).
+BUDGET = 1 << 24
 # (height, width, OpenCV's sampling factor or None for gray, progressive): odd sizes and every
 # sampling libjpeg-turbo's merged and plain upsamplers handle.
 SYNTHETIC = [(h, w, s, p) for (h, w) in ((333, 517), (201, 95), (17, 9), (47, 33), (1, 1), (8, 1000), (1000, 8), (129, 127),
@@ -132,6 +136,20 @@ def damaged(data: bytes, rng: np.random.Generator) -> bytes:
     return bytes(out)
 
 
+def claiming(data: bytes, height: int, width: int) -> bytes:
+    """``data`` with its frame header claiming ``height`` x ``width`` pixels: a decompression bomb
+    (the scan's few KB cannot fill it)."""
+    out = bytearray(data)
+    pos = 2
+    while pos + 9 <= len(out) and out[pos] == 0xFF:
+        marker, length = out[pos + 1], int.from_bytes(out[pos + 2 : pos + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            out[pos + 5 : pos + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+            break
+        pos += 2 + length
+    return bytes(out)
+
+
 def digest(buffer, nbytes: int) -> int:
     return zlib.crc32(memoryview(buffer)[:nbytes])
 
@@ -167,7 +185,8 @@ def region_case(data: bytes, box: tuple[int, int, int, int], scale: int, strip: 
 
         def call() -> tuple:
             extra = () if strip_buffer is None else (strip_buffer,)
-            rows, cols, dy, dx = _jpeg_region.decode_region(memoryview(read)[: len(data)], *box, scale, out, *extra)
+            rows, cols, dy, dx = _jpeg_region.decode_region(memoryview(read)[: len(data)], *box, scale, out, *extra,
+                                                            max_pixels=BUDGET)
             return rows, cols, dy, dx, digest(out, rows * cols * 3)
 
         return outcome(call)
@@ -283,6 +302,7 @@ def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, d
     if rng.random() < 0.02:
         positions[-1] = slots
     slot_bytes = out_h * out_w * 3
+    max_pixels = BUDGET if rng.random() < 0.8 else int(rng.integers(1, 300_000))
 
     def run(noise: int) -> tuple:
         nbytes = slots * slot_bytes
@@ -291,7 +311,8 @@ def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, d
         status = np.full(m, 255, np.uint8)
 
         def call() -> tuple:
-            made = _jpeg_region.decode_chunk(fds, offsets, sizes, checksums, tries, flips, positions, spec, out, status)
+            made = _jpeg_region.decode_chunk(fds, offsets, sizes, checksums, tries, flips, positions, spec, out, status,
+                                             max_pixels)
             return made, tuple(status.tolist()), zlib.crc32(out[positions[status == 0]].tobytes())
 
         return outcome(call)
@@ -356,6 +377,7 @@ def make_cases(seed: int, count: int, workdir: pathlib.Path) -> list[Case]:
         if how == restarts.TRANSCODED:
             packed.append(stored)
     damaged_sources = [damaged(data, rng) for data in sources + packed for _ in range(3)]
+    damaged_sources += [claiming(data, 65500, 65500) for data in sources[:2] + sources[12:14] + packed[:2]]  # [13]: progressive
     fd, members = members_file(workdir, [sources, packed, damaged_sources], rng)
     directory = os.open(workdir, os.O_RDONLY)  # read by pread: EISDIR
     cases = []

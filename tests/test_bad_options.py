@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import stoker
@@ -159,3 +160,46 @@ def test_a_bad_option_from_the_real_command_exits_1_without_a_traceback(tmp_path
                           "--max-side", "0"], capture_output=True, text=True)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and "--max-side" in run.stderr and "Traceback" not in run.stderr
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("arguments, named", [
+    ({"kind": "centre"}, "kind='centre'"), ({"kind": None}, "kind=None"),
+    ({"size": (0, 16)}, "size=(0, 16)"), ({"size": (16, -1)}, "size=(16, -1)"), ({"size": 224}, "size=224"),
+    ({"size": (16,)}, "size=(16,)"), ({"size": (16, 16, 3)}, "size=(16, 16, 3)"), ({"size": (16.5, 16)}, "size=(16.5, 16)"),
+    ({"size": ("16", "16")}, "size=('16', '16')"), ({"size": (True, 16)}, "size=(True, 16)"),
+    ({"size": (16, 70000)}, "size=(16, 70000)"), ({"size": "16x16"}, "size='16x16'"),
+    ({"scale": (0.9, 0.1)}, "scale=(0.9, 0.1)"), ({"scale": (0, 1)}, "scale=(0, 1)"), ({"scale": (0.5, 1.5)}, "scale=(0.5, 1.5)"),
+    ({"scale": (NAN, 1.0)}, "scale=(nan, 1.0)"), ({"scale": (-0.1, 1.0)}, "scale=(-0.1, 1.0)"), ({"scale": 0.5}, "scale=0.5"),
+    ({"ratio": (4 / 3, 3 / 4)}, "ratio=(1.3333333333333333, 0.75)"), ({"ratio": (-1, 1)}, "ratio=(-1, 1)"),
+    ({"ratio": (0, 1)}, "ratio=(0, 1)"), ({"ratio": (1, INF)}, "ratio=(1, inf)"),
+    ({"center_fraction": 0}, "center_fraction=0"), ({"center_fraction": 1.5}, "center_fraction=1.5"),
+    ({"center_fraction": NAN}, "center_fraction=nan"), ({"center_fraction": -0.5}, "center_fraction=-0.5"),
+    ({"center_fraction": "0.875"}, "center_fraction='0.875'"),
+    ({"flip": 2}, "flip=2"), ({"flip": -0.1}, "flip=-0.1"), ({"flip": "yes"}, "flip='yes'"), ({"flip": NAN}, "flip=nan"),
+    ({"flip": None}, "flip=None"),
+    ({"exact": "yes"}, "exact='yes'"), ({"exact": 1}, "exact=1"), ({"exact": None}, "exact=None"),
+    ({"kind": "random_resized", "exact": True}, "exact=True applies to 'center' and 'resize'"),
+])
+def test_crop_spec_checks_every_field_when_made(arguments, named):
+    with pytest.raises(OptionError) as info:
+        stoker.CropSpec(**arguments)
+    message = str(info.value)
+    assert message.startswith(named) and "\n" not in message, message
+    assert "must be" in message or "applies" in message
+
+
+def test_a_crop_spec_that_would_fail_every_sample_is_refused_at_once():
+    # issue 40: accepted before, then every sample failed ("image does not decode (ZeroDivisionError)")
+    with pytest.raises(OptionError, match=r"center_fraction=0: must be a number above 0 and at most 1"):
+        stoker.CropSpec("center", size=(16, 16), center_fraction=0)
+
+
+def test_crop_spec_keeps_what_is_in_range_as_plain_tuples():
+    edge = stoker.CropSpec("center", size=[np.int64(1), 65535], center_fraction=1, flip=0)
+    assert edge.size == (1, 65535) and all(type(side) is int for side in edge.size)
+    assert {edge} == {stoker.CropSpec("center", size=(1, 65535), center_fraction=1.0, flip=0)}  # hashable, equal
+    assert stoker.CropSpec(scale=[1, 1], ratio=(0.5, 0.5), flip=1.0).scale == (1.0, 1.0)
+    assert stoker.CropSpec("resize", exact=True, flip=False).exact

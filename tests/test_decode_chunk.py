@@ -17,7 +17,7 @@ from stoker.format.index import HEADER_DTYPE, SAMPLE_DTYPE, IndexBuilder, ShardI
 from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from tests.conftest import encode
-from tests.stress_extensions import synthetic_jpeg
+from tests.stress_extensions import claiming, synthetic_jpeg
 
 _jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
 
@@ -254,7 +254,7 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     return dict(fds=np.zeros(n, np.int32), offsets=np.zeros(n, np.uint64), sizes=np.full(n, len(data), np.uint64),
                 checksums=None, tries=np.zeros((n, 10, 4)), flips=np.zeros(n, np.uint8), positions=np.arange(n),
                 spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False), out=np.zeros((slots, 8, 8, 3), np.uint8),
-                status=np.zeros(n, np.uint8))
+                status=np.zeros(n, np.uint8), max_pixels=2**64 - 1)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -309,3 +309,21 @@ def test_explain_says_how_samples_are_decoded(packed, spec):
 def test_explain_says_when_the_extension_is_missing(packed, monkeypatch):
     monkeypatch.setattr(native_chunk, "decode_chunk", None)
     assert "the region-decode extension is not built" in stoker.Loader(stoker.ShardDataset(packed), 8).explain()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_decode_chunk_leaves_images_above_the_pixel_budget(tmp_path, exact):
+    """A JPEG whose header claims more than ``max_pixels`` is not decoded (status 2: the per-image
+    path refuses it, naming it) and nothing is allocated for its size (a bomb's 12.9 GB)."""
+    good = encode(Image.new("RGB", (32, 24), (200, 10, 10)), "JPEG")
+    bomb = claiming(encode(Image.new("RGB", (32, 24), (200, 10, 10)), "JPEG", progressive=True), 65500, 65500)
+    path = tmp_path / "blob"
+    path.write_bytes(good + bomb)
+    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact)
+    with open(path, "rb") as f:
+        for max_pixels, made in ((32 * 24, [0, 2]), (32 * 24 - 1, [2, 2]), (10**9, [0, 2])):
+            args = _chunk_args(2, 2) | dict(spec=spec, fds=np.full(2, f.fileno(), np.int32),
+                                            offsets=np.array([0, len(good)], np.uint64),
+                                            sizes=np.array([len(good), len(bomb)], np.uint64), max_pixels=max_pixels)
+            _jpeg_region.decode_chunk(**args)
+            assert args["status"].tolist() == made, max_pixels

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -15,12 +14,11 @@ import torch.utils.data
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
 from stoker.data.readers import ReadBuffer, ShardReader
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
+from stoker.data.skips import Skips
 from stoker.errors import CorruptDataError, OptionError, StokerError
 from stoker.format.manifest import complete_classes
 from stoker.sources.kinds import described
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,9 @@ class ShardDataset(torch.utils.data.Dataset):
     carries only the path, so it works with DataLoader workers under fork and spawn.
 
     Damaged data raises CorruptDataError naming shard and sample. With ``on_error="skip"`` the
-    next readable sample is returned instead and ``skipped`` counts the skips (per process). Only
+    next readable sample is returned instead (stoker/data/skips.py: the Loader's rule too; each
+    damaged shard named in one warning per process) and ``skipped`` counts the items so replaced
+    (per process). An image above the pixel budget (stoker/pixels.py) is damaged data. Only
     damaged data is skipped: storage that fails (an object store down after every retry, denied
     access: RemoteError) always raises, naming the URL.
     ``verify=False`` skips the per-read checksums. ``field`` picks the image member when samples
@@ -116,6 +116,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self._classes: list[str] | None = None
         # packed with --restart-rows: JPEGs carry a restart table the Loader decodes strips with
         self.restart_rows = bool(self.shards.manifest.source.get("options", {}).get("restart_rows"))
+        self._skips = Skips(self.shards.starts)
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -129,13 +130,9 @@ class ShardDataset(torch.utils.data.Dataset):
             raise IndexError(f"index {index} out of range for a data set of {n} samples")
         if self.on_error == "raise":
             return self._load(index)
-        for attempt in range(n):
-            try:
-                return self._load((index + attempt) % n)
-            except CorruptDataError as e:
-                self.skipped += 1
-                log.warning("skipping damaged sample (%d skipped so far): %s", self.skipped, e)
-        raise CorruptDataError(self.root, None, "no readable sample left")
+        found, item = self._skips.first_readable(index, self._load, self.root)
+        self.skipped += found != index
+        return item
 
     def read_image(self, index: int, into: ReadBuffer | None = None) -> tuple[bytes | memoryview, int]:
         """The stored (undecoded) image bytes of sample ``index`` and its label; no transform.

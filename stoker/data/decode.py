@@ -15,7 +15,9 @@ DECODE_MODES: tuple[str, ...] = ("pil", "rgb", "tensor", "raw")
 
 def decode_image(data: bytes | memoryview, mode: DecodeMode) -> Image.Image | np.ndarray | torch.Tensor | bytes:
     """``pil``: RGB PIL image (as ImageFolder's loader gives); ``rgb``: HWC uint8 array;
-    ``tensor``: CHW uint8 tensor; ``raw``: the stored bytes, undecoded (to time pure I/O)."""
+    ``tensor``: CHW uint8 tensor; ``raw``: the stored bytes, undecoded (to time pure I/O). An image
+    above the pixel budget (stoker/pixels.py, Pillow's own) raises Pillow's DecompressionBombError
+    from its header, before it is decoded."""
     if mode == "raw":
         return bytes(data)  # ``data`` itself when it is bytes; a view (of a reused buffer) copied
     with Image.open(io.BytesIO(data)) as image:

@@ -34,6 +34,15 @@ def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np
     return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
 
 
+def shard_bounds_of(dataset: Readable) -> np.ndarray:
+    """The first sample of each shard in ``dataset``'s index space, then its length (a Mix: every
+    source's shards, one source after another): what :class:`stoker.data.skips.Skips` passes over
+    when a shard cannot be read."""
+    if isinstance(dataset, Mix):
+        return np.unique(np.concatenate([offset + s.shards.starts for offset, s in zip(dataset.offsets, dataset.sources)]))
+    return dataset.shards.starts
+
+
 def fetches_per_process(dataset: Readable) -> bool:
     """Whether reading ``dataset`` fetches from an object store into the memory of each process
     that reads (a source at a URL without a node cache, which processes would share)."""

@@ -10,10 +10,11 @@
  *     intervals around the region are entropy-decoded at all (make_strip below).
  * No Python binding of the libjpeg-turbo 2.1 shipped by Debian exposes this, hence this module.
  *
- * decode_region(data, top, left, height, width, scale_denom, out, strip=None) -> (rows, cols, dy, dx)
+ * decode_region(data, top, left, height, width, scale_denom, out, strip=None, *, max_pixels) -> (rows, cols, dy, dx)
  * writes an RGB block of rows x cols pixels (stride cols*3) into `out` that covers the region
  * (given in full-resolution pixels) at 1/scale_denom; the region starts at (dy, dx) in the block.
- * Errors, and libjpeg warnings (corrupt or truncated data), raise ValueError.
+ * Errors, and libjpeg warnings (corrupt or truncated data), raise ValueError, as does an image
+ * of more than max_pixels pixels (the pixel budget, stoker/pixels.py), before it is decoded.
  * LIBJPEG_TURBO_VERSION (str) and JPEG_LIB_VERSION (int) name the libjpeg-turbo it was compiled against.
  *
  * All libjpeg work runs in decode() without the GIL; its setjmp/longjmp never leave decode(),
@@ -202,6 +203,13 @@ int region_decode(Job *job) {
     jpeg_mem_src(&cinfo, job->data, (unsigned long)job->size);
     jpeg_read_header(&cinfo, TRUE);
 
+    /* before jpeg_start_decompress, which allocates for the whole image (a progressive file's every coefficient) */
+    if ((uint64_t)cinfo.image_width * cinfo.image_height > job->max_pixels) {
+        snprintf(job->message, sizeof job->message, "decompression bomb: %ux%u = %llu pixels, above the limit of %llu",
+                 (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
+                 (unsigned long long)cinfo.image_width * cinfo.image_height, (unsigned long long)job->max_pixels);
+        goto fail;
+    }
     if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
         snprintf(job->message, sizeof job->message, "CMYK/YCCK JPEG cannot be decoded to RGB");
         goto fail;
@@ -282,17 +290,18 @@ fail:
 }
 
 static PyObject *decode_region(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "top", "left", "height", "width", "scale_denom", "out", "strip", NULL};
+    static char *keywords[] = {"data", "top", "left", "height", "width", "scale_denom", "out", "strip", "max_pixels", NULL};
     Py_buffer data, out, strip = {0};
     Job job;
     int rc;
 
     (void)self;
     memset(&job, 0, sizeof job);
+    job.max_pixels = UINT64_MAX;
     /* y*: any read-only contiguous buffer; w*: a writable one. All are held (and a bytearray
      * cannot be resized) until PyBuffer_Release, so libjpeg may use them without the GIL. */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnniw*|w*:decode_region", keywords, &data, &job.top,
-                                     &job.left, &job.height, &job.width, &job.scale, &out, &strip))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnniw*|w*$K:decode_region", keywords, &data, &job.top,
+                                     &job.left, &job.height, &job.width, &job.scale, &out, &strip, &job.max_pixels))
         return NULL;
     if (job.scale != 1 && job.scale != 2 && job.scale != 4 && job.scale != 8) {
         PyBuffer_Release(&data);
@@ -323,14 +332,16 @@ static PyObject *decode_region(PyObject *self, PyObject *args, PyObject *kwargs)
 
 static PyMethodDef methods[] = {
     {"decode_region", (PyCFunction)(void (*)(void))decode_region, METH_VARARGS | METH_KEYWORDS,
-     "decode_region(data, top, left, height, width, scale_denom, out, strip=None) -> (rows, cols, dy, dx)\n\n"
+     "decode_region(data, top, left, height, width, scale_denom, out, strip=None, *, max_pixels=2**64-1)\n"
+     "-> (rows, cols, dy, dx)\n\n"
      "Decode the region (top, left, height, width), in full-resolution pixels, of the JPEG `data`\n"
      "scaled by 1/scale_denom (1, 2, 4, 8) into `out` as RGB: a block of rows x cols pixels, rows\n"
      "packed (stride cols*3), covering rows floor(top/s)..ceil((top+height)/s) and the iMCU columns\n"
      "around the region's columns; the scaled region's top-left is at (dy, dx) in the block.\n"
      "ceil(H/s)*ceil(W/s)*3 bytes of `out` always suffice. Uses the fast integer IDCT and no fancy\n"
      "upsampling, as simplejpeg's fastdct/fastupsample. Raises ValueError on errors, on corrupt or\n"
-     "truncated data, CMYK/YCCK sources, regions outside the image and too small `out`.\n"
+     "truncated data, CMYK/YCCK sources, regions outside the image, too small `out`, and images of\n"
+     "more than `max_pixels` pixels by their header (before anything is allocated for them).\n"
      "With `strip` (a writable buffer of len(data) + 64 bytes), a JPEG with the restart table of\n"
      "`stoker pack --restart-rows` is decoded from a strip JPEG of the MCU rows and restart\n"
      "intervals around the region, built there: the same pixels, less entropy decoding. A restart\n"

@@ -9,7 +9,6 @@ those numbers too, and each thread augments the images it decoded, right after d
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from collections.abc import Callable
@@ -25,7 +24,9 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.data.epoch import RankBatches
 from stoker.data.mix import Mix
-from stoker.errors import CorruptDataError, TransformError
+from stoker.data.readable import shard_bounds_of
+from stoker.data.skips import Skips
+from stoker.errors import TransformError
 from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
@@ -37,7 +38,6 @@ _READ_BUFFER_BYTES = 16 << 20
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 OnError = Literal["raise", "skip"]
-log = logging.getLogger("stoker.loader")
 
 
 def split(positions: np.ndarray, threads: int) -> list[np.ndarray]:
@@ -99,7 +99,8 @@ class BatchMaker:
     worker process gets a copy and makes whole batches with it. Subclasses make batches of other
     samples (see stoker/loader/clips.py) by saying what one sample's pixels are. With ``on_error``
     "skip", a damaged sample (CorruptDataError: bad bytes, or pixels no decoder accepts) is
-    replaced by the next readable one in the data set, with the same crop, as ShardDataset does."""
+    replaced by the next readable one in the data set, with the same crop, by ShardDataset's rule
+    (stoker/data/skips.py; ``skips``: what this maker found damaged in this process)."""
 
     dataset: ShardDataset | Mix
     crop: CropSpec | None  # None: whole images, decoded with Pillow for ``transform`` (which makes them one size)
@@ -108,6 +109,10 @@ class BatchMaker:
     batches: RankBatches  # where the pass's batches lie in the epoch: their draws are keyed by it
     on_error: OnError = "raise"
     augment: ThreadAugment | None = None
+    skips: Skips = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "skips", Skips(shard_bounds_of(self.dataset)))
 
     def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
               pixels: torch.Tensor | None = None) -> Batch:
@@ -252,18 +257,17 @@ class BatchMaker:
     def _place_readable(self, batch: Batch, j: int, out: np.ndarray | None) -> int:
         """:meth:`place` sample ``j``; under ``on_error="skip"``, the next readable sample instead of
         a damaged one (its index written into ``batch.indices``)."""
-        n = len(self.dataset)
+
+        def place(index: int) -> int:
+            batch.indices[j] = index
+            return self.place_whole(batch, j) if out is None else self.place(batch, j, out)
+
         first = int(batch.indices[j])
-        for attempt in range(n):
-            try:
-                return self.place_whole(batch, j) if out is None else self.place(batch, j, out)
-            except CorruptDataError as e:
-                if self.on_error == "raise":
-                    raise
-                batch.replaced[j] = True
-                log.warning("skipping damaged sample: %s", e)
-                batch.indices[j] = (first + attempt + 1) % n
-        raise CorruptDataError(self.dataset.root, None, "no readable sample left")
+        if self.on_error == "raise":
+            return place(first)
+        found, label = self.skips.first_readable(first, place, self.dataset.root)
+        batch.replaced[j] = found != first
+        return label
 
     def place_whole(self, batch: Batch, j: int) -> int:
         """Read sample ``j`` of ``batch`` and decode the whole image as ImageFolder's loader does (an

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from stoker.boxes import CROP_TRIES, random_resized_box
+from stoker.errors import OptionError
+from stoker.ranges import CENTER_FRACTION, CROP_RATIO, CROP_SCALE, CROP_SIDE, FLIP_P, Range
 
 CropKind = Literal["random_resized", "center", "resize"]
 
@@ -29,6 +31,7 @@ class CropSpec:
     decoded whole with Pillow's IDCT and upsampling, resized with Pillow's antialiased bilinear
     filter and cropped (the pixels of ImageFolder + Resize + CenterCrop; slower for large images).
     ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
+    Each field is checked when the spec is made (OptionError naming it and what it accepts).
     """
 
     kind: CropKind = "random_resized"
@@ -39,10 +42,36 @@ class CropSpec:
     flip: bool | float = True
     exact: bool = False
 
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(CropKind):
+            raise OptionError(f"kind={self.kind!r}: must be one of {', '.join(map(repr, get_args(CropKind)))}")
+        # kept as tuples of plain numbers (given as lists or numpy numbers): hashable, and what the native code takes
+        object.__setattr__(self, "size", _pair(self.size, CROP_SIDE, int))
+        object.__setattr__(self, "scale", _pair(self.scale, CROP_SCALE, float, ordered=True))
+        object.__setattr__(self, "ratio", _pair(self.ratio, CROP_RATIO, float, ordered=True))
+        CENTER_FRACTION.check(self.center_fraction)
+        if not isinstance(self.flip, bool) and not FLIP_P.accepts(self.flip):
+            raise OptionError(f"flip={self.flip!r}: must be True (half the images), False or {FLIP_P.describe()}")
+        if not isinstance(self.exact, bool):
+            raise OptionError(f"exact={self.exact!r}: must be True or False")
+        if self.exact and self.kind == "random_resized":
+            raise OptionError("exact=True applies to 'center' and 'resize' crops (a translated Resize + CenterCrop); "
+                              "'random_resized' crops are resampled with OpenCV")
+
     @property
     def flip_p(self) -> float:
         """The probability that an image is mirrored."""
         return 0.5 if self.flip is True else float(self.flip)
+
+
+def _pair(value: Any, each: Range, kind: type, ordered: bool = False) -> tuple[Any, Any]:
+    """``value`` (a tuple or list) as a tuple of two ``kind`` numbers, each in ``each``'s range and,
+    when ``ordered``, the first no larger; else an OptionError naming the field and what it accepts."""
+    fits = isinstance(value, (tuple, list)) and len(value) == 2 and all(each.accepts(v) for v in value)
+    if not fits or (ordered and value[0] > value[1]):
+        form = "(low, high) with low <= high" if ordered else "(height, width)"
+        raise OptionError(f"{each.name}={value!r}: must be {form}, each {each.describe()}")
+    return kind(value[0]), kind(value[1])
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@
  * slow way, which raises or skips as the Loader's on_error says, or decodes what only Pillow can:
  *   READ_FAILED: the read failed or came short, or the bytes do not match the index's checksum;
  *   NOT_DECODED: no JPEG, a JPEG libjpeg reports anything about (CMYK, corrupt, truncated, a bad
- *                restart table), or memory ran out. */
+ *                restart table), a JPEG whose header claims more pixels than the pixel budget
+ *                (stoker/pixels.py: refused before anything is allocated for its size), or memory
+ *                ran out. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -43,6 +45,7 @@ enum { RANDOM_RESIZED = 0, CENTER = 1, RESIZE = 2 };
 typedef struct {
     int kind, out_h, out_w, restarts, exact;
     double scale_lo, scale_hi, ratio_lo, ratio_hi, center_fraction;
+    uint64_t max_pixels; /* the pixel budget */
 } Spec;
 
 typedef struct {
@@ -204,6 +207,7 @@ static int exact_crop(const Spec *spec, const unsigned char *data, size_t size, 
     job.height = h, job.width = w;
     job.scale = 1;
     job.exact = 1;
+    job.max_pixels = spec->max_pixels;
     job.out_size = (size_t)h * (size_t)w * 3;
     job.out = scratch_get(&buffers->decode, job.out_size);
     if (job.out == NULL || region_decode(&job) != 0) return NOT_DECODED;
@@ -230,7 +234,7 @@ static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t siz
     data = scratch_get(&buffers->read, size ? (size_t)size : 1);
     if (data == NULL || read_exactly(fd, data, (size_t)size, (off_t)offset) != 0) return READ_FAILED;
     if (checksum && XXH3_64bits(data, (size_t)size) != *checksum) return READ_FAILED;
-    if (!jpeg_size(data, (size_t)size, &h, &w)) return NOT_DECODED;
+    if (!jpeg_size(data, (size_t)size, &h, &w) || (uint64_t)h * (uint64_t)w > spec->max_pixels) return NOT_DECODED;
     if (spec->exact) return exact_crop(spec, data, (size_t)size, h, w, flip, out, buffers);
     box = crop_box(spec, h, w, tries);
     scale = dct_scale(spec, box);
@@ -243,6 +247,7 @@ static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t siz
     job.height = h - box.top < box.height + scale ? h - box.top : box.height + scale;
     job.width = w - box.left < box.width + scale ? w - box.left : box.width + scale;
     job.scale = scale;
+    job.max_pixels = spec->max_pixels;
     job.out_size = (size_t)scaled_h * (size_t)scaled_w * 3;
     job.out = scratch_get(&buffers->decode, job.out_size);
     if (spec->restarts) {
@@ -270,7 +275,7 @@ static int check_items(const Py_buffer *view, const char *name, Py_ssize_t count
 }
 
 const char DECODE_CHUNK_DOC[] =
-    "decode_chunk(fds, offsets, sizes, checksums, tries, flips, positions, spec, out, status) -> int\n\n"
+    "decode_chunk(fds, offsets, sizes, checksums, tries, flips, positions, spec, out, status, max_pixels) -> int\n\n"
     "Read, check, decode, crop, resize and flip m samples into their slots of `out` without the GIL.\n"
     "fds int32 (m,): open shard files; offsets, sizes uint64 (m,): each image member's bytes;\n"
     "checksums uint64 (m,) (their xxh3-64) or None not to check; tries float64 (m, 10, 4) and flips\n"
@@ -278,11 +283,13 @@ const char DECODE_CHUNK_DOC[] =
     "spec (kind 0/1/2 = random_resized/center/resize, out_h, out_w, scale_lo, scale_hi, ratio_lo,\n"
     "ratio_hi, center_fraction, restarts, exact: decode_crop.py's exact path, Pillow's resize); out: a\n"
     "writable (N, out_h, out_w, 3) uint8 buffer; status: a writable uint8 (m,) buffer, each sample's\n"
-    "outcome (0 done, 1 read failed or checksum mismatch, 2 not decoded here). Returns how many\n"
+    "outcome (0 done, 1 read failed or checksum mismatch, 2 not decoded here); max_pixels: the pixel\n"
+    "budget, a JPEG of more pixels by its header is not decoded here (status 2). Returns how many\n"
     "samples were done.";
 
 PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"fds", "offsets", "sizes", "checksums", "tries", "flips", "positions", "spec", "out", "status", NULL};
+    static char *keywords[] = {"fds", "offsets", "sizes", "checksums", "tries", "flips", "positions", "spec", "out", "status",
+                               "max_pixels", NULL};
     Py_buffer fds, offsets, sizes, checksums = {0}, tries, flips, positions, out, status;
     PyObject *checksums_obj;
     Spec spec;
@@ -291,10 +298,10 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
     int ok = 0;
 
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddpp)w*w*:decode_chunk", keywords, &fds, &offsets,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddpp)w*w*K:decode_chunk", keywords, &fds, &offsets,
                                      &sizes, &checksums_obj, &tries, &flips, &positions, &spec.kind, &spec.out_h, &spec.out_w,
                                      &spec.scale_lo, &spec.scale_hi, &spec.ratio_lo, &spec.ratio_hi, &spec.center_fraction,
-                                     &spec.restarts, &spec.exact, &out, &status))
+                                     &spec.restarts, &spec.exact, &out, &status, &spec.max_pixels))
         return NULL;
     m = fds.len / 4;
     if (checksums_obj != Py_None && PyObject_GetBuffer(checksums_obj, &checksums, PyBUF_SIMPLE) != 0) goto release;

@@ -23,6 +23,7 @@ from PIL import Image
 
 from stoker.loader.buffers import thread_buffer
 from stoker.loader.crops import CropSpec, crop_box, exact_resize
+from stoker.pixels import check_pixels, native_limit, pixel_limit
 
 decode_region: Callable[..., tuple[int, int, int, int]] | None  # None: the extension is not built
 try:  # built where libjpeg's headers were found (see setup.py); without it, whole images are decoded
@@ -51,7 +52,8 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
     ``restarts``: JPEGs may carry the restart table of ``stoker pack --restart-rows``; then only
     the MCU rows and restart intervals around the crop are decoded. A JPEG the fast decoders
     refuse (libjpeg's warnings, such as stray bytes before a marker, are errors to them) goes to
-    Pillow, which decides as ShardDataset's decode does."""
+    Pillow, which decides as ShardDataset's decode does. An image above the pixel budget
+    (stoker/pixels.py) raises DecompressionBombError, before its pixels are allocated."""
     if data[:2] == _JPEG_MAGIC:
         try:
             if _decode_jpeg_into(data, spec, tries, flip, out, restarts):
@@ -77,6 +79,8 @@ def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarra
     """:func:`decode_into` with libjpeg-turbo (the region decode, or simplejpeg); False for a JPEG
     that is not RGB, YCbCr or gray (CMYK), which Pillow converts."""
     height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    limit = pixel_limit()
+    check_pixels(width, height, limit)  # the buffer below is the header's size
     if colorspace not in _RGB_COLORSPACES:
         return False
     buffer = thread_buffer("decode", height * width * 3)
@@ -95,7 +99,7 @@ def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarra
     scaled = math.ceil(height / scale), math.ceil(width / scale)  # libjpeg's size at 1/scale
     if decode_region is not None:
         strip = thread_buffer("strip", len(data) + _STRIP_SLACK) if restarts else None
-        image, origin = _decode_region(decode_region, data, height, width, box, scale, buffer, strip)
+        image, origin = _decode_region(decode_region, data, height, width, box, scale, buffer, strip, limit)
     else:
         image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
                                        min_height=scaled[0], min_width=scaled[1], buffer=buffer)
@@ -144,12 +148,13 @@ def _dct_scale(spec: CropSpec, box: tuple[int, int, int, int]) -> int:
 
 def _decode_region(decode: Callable[..., tuple[int, int, int, int]], data: bytes | memoryview, height: int, width: int,
                    box: tuple[int, int, int, int], scale: int, buffer: mmap.mmap,
-                   strip: mmap.mmap | None) -> tuple[np.ndarray, tuple[int, int]]:
+                   strip: mmap.mmap | None, limit: int | None) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode only the rows and iMCU columns around ``box`` at 1/``scale`` with ``decode`` (the
     extension's ``decode_region``): the block, and where its top-left pixel lies in the whole image
     at that scale. Bit-exact with simplejpeg's full decode (fastdct, fastupsample); measured here
     ~600 instead of ~750 us per photo for RandomResizedCrop boxes: rows above the box are still
-    entropy-decoded, which is most of the cost.
+    entropy-decoded, which is most of the cost. ``limit``: the pixel budget, which the extension
+    checks again on the header libjpeg reads.
 
     With ``strip`` (a buffer to build a strip JPEG in), a JPEG with a restart table is entropy-decoded
     only from the restart marker above the box and in the restart intervals across it: ~0.75x the
@@ -161,7 +166,8 @@ def _decode_region(decode: Callable[..., tuple[int, int, int, int]], data: bytes
     top, left, ch, cw = box
     # One source row and column past the box: the resize below may round up to them.
     region = (top, left, min(height - top, ch + scale), min(width - left, cw + scale))
-    rows, cols, dy, dx = decode(data, *region, scale, buffer, *(() if strip is None else (strip,)))
+    rows, cols, dy, dx = decode(data, *region, scale, buffer, *(() if strip is None else (strip,)),
+                                max_pixels=native_limit(limit))
     block = np.frombuffer(buffer, np.uint8, rows * cols * 3).reshape(rows, cols, 3)
     return block, (top // scale - dy, left // scale - dx)
 

@@ -4,8 +4,10 @@ and cuts each image's crop straight into the batch on the GPU.
 
 nvJPEG through torchvision decodes baseline and extended sequential JPEGs in YCbCr or grayscale.
 Everything else (progressive or lossless JPEGs, CMYK/YCCK, PNG, WebP ...) is found from its
-markers before decoding and decoded on the CPU, then sent over; a warning says how many. The
-crops are the CPU path's: the same draws give the same boxes and flips.
+markers before decoding and decoded on the CPU, then sent over; a warning says how many. So is
+an image above the pixel budget (stoker/pixels.py), which the CPU decode refuses as every decoder
+does, before nvJPEG allocates for it. The crops are the CPU path's: the same draws give the same
+boxes and flips.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from PIL import Image
 
 from stoker.loader.batches import Batch, BatchMaker
 from stoker.loader.crops import BatchDraws, CropSpec, crop_box
+from stoker.pixels import pixel_limit, too_many_pixels
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ _UNREAD = torch.empty(0, dtype=torch.uint8)  # a sample's bytes until fill() has
 
 def gpu_decodable(data: bytes | memoryview | np.ndarray) -> bool:
     """Whether the GPU decoder takes ``data``: a baseline or extended sequential JPEG with 1 or 3
-    components (found from its start-of-frame marker; nothing is decoded)."""
+    components within the pixel budget (found from its start-of-frame marker; nothing is decoded)."""
     # No copy: only the header segments are walked, however long.
     data = memoryview(data).cast("B")  # type: ignore[arg-type]  # numpy's stubs: ndarray a buffer only on Python 3.12+
     if bytes(data[:2]) != b"\xff\xd8":
@@ -51,7 +54,9 @@ def gpu_decodable(data: bytes | memoryview | np.ndarray) -> bool:
         length = int.from_bytes(data[at + 2 : at + 4], "big")
         if marker in _SOF_MARKERS:
             components = data[at + 9] if at + 9 < len(data) else 0
-            return marker in _GPU_SOF and components in (1, 3) and not _adobe_cmyk(bytes(data[:at]))
+            height, width = int.from_bytes(data[at + 5 : at + 7], "big"), int.from_bytes(data[at + 7 : at + 9], "big")
+            return (marker in _GPU_SOF and components in (1, 3) and not _adobe_cmyk(bytes(data[:at]))
+                    and not too_many_pixels(width, height, pixel_limit()))
         if marker == 0xDA:  # start of scan before any frame header
             return False
         at += 2 + length
@@ -73,6 +78,7 @@ class GpuBatchMaker(BatchMaker):
     device: torch.device = field(default=torch.device("cuda"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         try:
             import torchvision.io  # noqa: F401
         except ImportError:

@@ -21,6 +21,7 @@ import numpy as np
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix
 from stoker.loader.crops import BatchDraws, CropSpec
+from stoker.pixels import native_limit, pixel_limit
 
 decode_chunk: Callable[..., int] | None  # None: the region-decode extension is not built
 try:
@@ -40,7 +41,8 @@ def decodes_natively(spec: CropSpec | None) -> bool:
 def decode_samples(dataset: ShardDataset | Mix, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,
                    out: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decode samples ``indices`` (with ``draws``, one row each) into ``out[slots]`` (``out``: C-contiguous
-    uint8 (N, H, W, 3)); (made, labels): which were made, and their labels."""
+    uint8 (N, H, W, 3)); (made, labels): which were made, and their labels. JPEGs above the pixel
+    budget (stoker/pixels.py) are not made here, nor allocated for: the per-image path refuses them."""
     assert decode_chunk is not None and out.flags.c_contiguous and out.dtype == np.uint8
     status = np.full(len(indices), 255, np.uint8)
     with dataset.image_reads(indices) as reads:
@@ -50,7 +52,8 @@ def decode_samples(dataset: ShardDataset | Mix, spec: CropSpec, restarts: bool, 
             decode_chunk(reads.fds[covered], reads.offsets[covered], reads.sizes[covered],
                          None if reads.checksums is None else reads.checksums[covered],
                          np.ascontiguousarray(draws.tries[covered], np.float64), draws.flips[covered].astype(np.uint8),
-                         np.ascontiguousarray(slots[covered], np.int64), _spec_tuple(spec, restarts), out, made)
+                         np.ascontiguousarray(slots[covered], np.int64), _spec_tuple(spec, restarts), out, made,
+                         native_limit(pixel_limit()))
             status[covered] = made
     return status == 0, reads.labels
 

@@ -3,6 +3,7 @@
 #ifndef STOKER_REGION_H
 #define STOKER_REGION_H
 
+#include <stdint.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t */
 #include <jpeglib.h>
 
@@ -14,6 +15,8 @@ typedef struct {
     int scale;
     int exact; /* decoded as simplejpeg's default (decode_crop.py's exact path): the accurate IDCT and fancy
                   upsampling, the region the whole image at scale 1, read to its end (EOI) */
+    uint64_t max_pixels; /* the pixel budget (stoker/pixels.py): a larger image, by its header, fails before
+                            libjpeg allocates anything for its size */
     unsigned char *out;
     size_t out_size;
     unsigned char *strip; /* NULL, or where a strip JPEG may be built from the image's restart table */

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from stoker.pixels import check_pixels, pixel_limit
 from stoker.sources.inputs import BadInput
-
-# Pillow refuses to open images above twice its MAX_IMAGE_PIXELS; we use the same default bound.
-DEFAULT_MAX_PIXELS = 2 * 89_478_485
 
 
 @dataclass(frozen=True)
@@ -24,10 +22,11 @@ class ImageInfo:
     mode: str
 
 
-def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
+def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int | None = None) -> ImageInfo:
     """Check that ``data`` is a whole, sane image; raise BadInput with the reason otherwise.
 
-    The cheap check parses the header, bounds the pixel count (decompression bombs) and, for
+    The cheap check parses the header, bounds the pixel count (decompression bombs: more than
+    ``max_pixels``, by default the pixel budget of stoker/pixels.py) and, for
     JPEG and PNG, checks that the end-of-image marker is present (truncation). Other formats
     (BMP, TIFF, WebP, PPM, ...) have no such marker and are rare in training sets, so they are
     always decoded. ``full_decode`` decodes every image, which also catches damage inside the
@@ -39,8 +38,8 @@ def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int = D
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             image = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError:
-            raise BadInput("decompression bomb: pixel count above Pillow's limit") from None
+        except Image.DecompressionBombError as e:  # above Pillow's limit, which may be lower than max_pixels
+            raise BadInput(f"decompression bomb: {e}") from None
         except Image.UnidentifiedImageError:
             raise BadInput("not an image (no known image format)") from None
         except Exception as e:  # Pillow raises many types for garbage; all mean "not an image"
@@ -48,8 +47,10 @@ def inspect_image(data: bytes, *, full_decode: bool = False, max_pixels: int = D
         width, height = image.size
         if width <= 0 or height <= 0:
             raise BadInput(f"image has no pixels ({width}x{height})")
-        if width * height > max_pixels:
-            raise BadInput(f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}")
+        try:
+            check_pixels(width, height, pixel_limit() if max_pixels is None else max_pixels)
+        except Image.DecompressionBombError as e:
+            raise BadInput(str(e)) from None
         info = ImageInfo(image.format or "unknown", width, height, image.mode)
         if info.format == "JPEG":
             scan_start = image.tile[0][2] if image.tile else 0

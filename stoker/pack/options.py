@@ -7,11 +7,11 @@ lists or reads anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.errors import OptionError
-from stoker.pack.images import DEFAULT_MAX_PIXELS
+from stoker.pixels import pixel_limit
 from stoker.ranges import CRF, FPS, GOP, MAX_SIDE, QUALITY, SHORT_SIDE
 
 DEFAULT_QUALITY = 90
@@ -21,12 +21,14 @@ DEFAULT_CRF = 23  # x264's own default
 @dataclass(frozen=True)
 class ImageOptions:
     """How each image is checked and whether it is re-encoded; ``restart_rows``: sequential JPEGs
-    transcoded losslessly with restart markers (see stoker/pack/restarts.py)."""
+    transcoded losslessly with restart markers (see stoker/pack/restarts.py). ``max_pixels``: the
+    pixel budget (stoker/pixels.py) where the pack starts, which its workers apply and its manifest
+    records (None: Pillow's limit was off)."""
 
     max_side: int | None = None
     quality: int = DEFAULT_QUALITY
     verify_decode: bool = False
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pixels: int | None = field(default_factory=pixel_limit)
     restart_rows: bool = False
 
     def __post_init__(self) -> None:
