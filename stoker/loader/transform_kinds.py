@@ -29,33 +29,33 @@ _NO_BEHAVIOUR = frozenset({"__init__", "__repr__", "extra_repr", "__module__", "
 
 @dataclass(frozen=True)
 class Kind:
-    """The torchvision op ``name`` a transform is; ``why``: how that was decided, where it is not
-    torchvision's own class ("" for those)."""
+    """The op ``name`` a transform is (a torchvision class name, or ToNumpy / ToUnscaledTensor for
+    timm's conversions that torchvision has no class for); ``why``: how that was decided, where the
+    transform is not torchvision's own class ("" for those)."""
 
     name: str
     why: str = ""
 
 
+# timm's transforms whose behaviour on the PIL images a pipeline's crop hands them is an op's, by name
+_TIMM_KINDS = {
+    "RandomResizedCropAndInterpolation": Kind("RandomResizedCrop", "timm's RandomResizedCropAndInterpolation: "
+                                              "torchvision's box rule (10 tries, the same fallback) and F.resized_crop"),
+    "MaybeToTensor": Kind("ToTensor", "timm's MaybeToTensor: ToTensor on PIL images"),
+    "MaybePILToTensor": Kind("PILToTensor", "timm's MaybePILToTensor: PILToTensor on PIL images"),
+    "ToNumpy": Kind("ToNumpy", "timm's ToNumpy: uint8 (3, H, W) arrays, which a DataLoader's collate stacks into a "
+                               "uint8 tensor batch"),
+    "ToTensor": Kind("ToUnscaledTensor", "timm's ToTensor: PILToTensor, then a cast keeping 0..255"),
+}
+
+
 def _timm_kind(transform: Any) -> Kind | None:
-    """timm's transforms whose behaviour on the PIL images a pipeline's crop hands them is a torchvision op's."""
     name = type(transform).__name__
-    if name == "RandomResizedCropAndInterpolation":
-        return Kind("RandomResizedCrop", "timm's RandomResizedCropAndInterpolation: torchvision's box rule "
-                                         "(10 tries, the same fallback) and F.resized_crop")
-    if name == "MaybeToTensor":
-        return Kind("ToTensor", "timm's MaybeToTensor: ToTensor on PIL images")
-    if name == "MaybePILToTensor":
-        return Kind("PILToTensor", "timm's MaybePILToTensor: PILToTensor on PIL images")
-    if name == "ToNumpy":
-        return Kind("ToNumpy", "timm's ToNumpy: uint8 (3, H, W) arrays, which a DataLoader's collate stacks "
-                               "into a uint8 tensor batch")
-    if name == "ToTensor":
-        return Kind("ToUnscaledTensor", "timm's ToTensor: PILToTensor, then a cast keeping 0..255")
     fill = getattr(transform, "fill", None)
     if name == "CenterCropOrPad" and transform.padding_mode == "constant" and not any(
             fill if isinstance(fill, list | tuple) else [fill]):
         return Kind("CenterCrop", "timm's CenterCropOrPad with zero padding: CenterCrop")
-    return None
+    return _TIMM_KINDS.get(name)
 
 
 def kind_of(transform: Any) -> Kind | None:
