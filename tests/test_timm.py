@@ -136,16 +136,3 @@ def test_a_to_numpy_pipeline_gives_the_batch_a_dataloader_collates(packed):
     as_given, _ = next(iter(stoker.Loader(dataset, 8, transform=middle, order="sequential")))
     assert fused.dtype == torch.uint8 and fused.shape == (8, 3, 32, 32) and torch.equal(fused, as_given)
 
-
-def test_bench_loader_transform_timm_runs_end_to_end(tmp_path, capsys):
-    """The figure's command (bench/timm.py runs it): both readers measured, the ratio printed."""
-    from stoker.cli import main
-
-    status = main(["bench", "loader", "--transform", "timm", "--data", str(tmp_path), "--count", "24", "--batch", "8",
-                   "--repeat", "1", "--force"])
-    out = capsys.readouterr().out
-    assert status == 0
-    for name in ("timm train: timm's dataset + DataLoader, ", "timm train: stoker.Loader(transform=the same)"):
-        line = next(line for line in out.splitlines() if line.startswith(name))
-        assert all(float(v) > 0 for v in line.split()[-5:-1]), line
-    assert "timm train: Loader(transform=) / timm's DataLoader: " in out

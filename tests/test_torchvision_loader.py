@@ -298,17 +298,25 @@ def test_loader_for_an_image_folder_takes_its_root_and_transform(photos, tmp_pat
         stoker.loader_for(folder, train(T), pack_dir=tmp_path / "pack", progress=False)
 
 
-def test_bench_loader_transform_standard_runs_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("transform, only, rows, ratio", [
+    ("standard", "val-dataloader,val-transform", ("val: DataLoader + torchvision, ", "val: stoker.Loader(transform=the Compose)"),
+     "val: Loader(transform=) / DataLoader: "),
+    ("timm", "", ("timm train: timm's dataset + DataLoader, ", "timm train: stoker.Loader(transform=the same)"),
+     "timm train: Loader(transform=) / timm's DataLoader: "),  # the figure bench/timm.py prints
+], ids=["standard", "timm"])
+def test_bench_loader_transform_runs_end_to_end(tmp_path, capsys, transform, only, rows, ratio):
     from stoker.cli import main
 
-    status = main(["bench", "loader", "--transform", "standard", "--data", str(tmp_path), "--count", "24", "--batch", "8",
-                   "--repeat", "1", "--only", "val-dataloader,val-transform", "--force"])
+    if transform == "timm":
+        pytest.importorskip("timm", reason="needs timm (make test runs these tests in .venv-tv)")
+    status = main(["bench", "loader", "--transform", transform, "--data", str(tmp_path), "--count", "24", "--batch", "8",
+                   "--repeat", "1", "--only", only, "--force"])
     out = capsys.readouterr().out
     assert status == 0
-    for name in ("val: DataLoader + torchvision, ", "val: stoker.Loader(transform=the Compose)"):
+    for name in rows:
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert all(float(v) > 0 for v in line.split()[-5:-1]), line
-    assert "val: Loader(transform=) / DataLoader: " in out
+    assert ratio in out
 
 
 def test_the_training_example_resumes_where_it_stopped(photos, tmp_path):
