@@ -7,8 +7,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# A second venv with torchvision, for what needs it: the tests of Loader(transform=<torchvision pipeline>)
-# against torchvision itself, and the demo. Its torch is pinned with torchvision (0.29.1 needs 2.14.1).
+# A second venv with torchvision and timm, for what needs them: the tests of Loader(transform=<torchvision
+# or timm pipeline>) against torchvision and timm themselves, and the demo. Its torch is pinned with
+# torchvision (0.29.1 needs 2.14.1); timm (1.0.31 tested) takes them as they are.
 TV_VENV := .venv-tv
 TV_BIN := $(TV_VENV)/bin
 TV_STAMP := $(TV_VENV)/.installed
@@ -33,7 +34,7 @@ $(STAMP): pyproject.toml setup.py $(C_SOURCES)
 
 $(TV_STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PYTHON) -m venv $(TV_VENV)
-	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(TV_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1 'timm>=1.0,<2'
 	$(TV_BIN)/pip install --quiet -e '.[test]'
 	touch $(TV_STAMP)
 

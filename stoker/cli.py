@@ -392,9 +392,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="run even when other processes load the machine")
     p.add_argument("--restart-rows", action="store_true", help="also stoker.Loader on the photos packed with "
                    "--restart-rows (224 and 160 px), and the pack's rate and size with and without it")
-    p.add_argument("--transform", choices=["standard"], help="standard: torchvision's training and validation "
-                   "pipelines through a DataLoader, stoker.Loader(transform=) and CropSpec + stoker.augment by hand "
-                   "(needs torchvision; --only train-dataloader,train-transform,train-hand,val-...)")
+    p.add_argument("--transform", choices=["standard", "timm"], help="standard: torchvision's training and "
+                   "validation pipelines through a DataLoader, stoker.Loader(transform=) and CropSpec + stoker.augment "
+                   "by hand (needs torchvision; --only train-dataloader,train-transform,train-hand,val-...); timm: "
+                   "timm's create_transform(size, is_training=True) through timm's own dataset and DataLoader and "
+                   "through stoker.Loader(transform=) (needs timm; --only timm-timm,timm-transform)")
     p.set_defaults(run=_bench_loader)
     return parser
 

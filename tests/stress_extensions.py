@@ -16,7 +16,7 @@ It makes a fixed set of cases: region decodes of sample photos and of synthetic 
 chroma subsampling (odd sizes, progressive, gray), at every DCT scale, with random boxes; the same
 through the strip path of their restart-marker transcodes (what ``stoker pack --restart-rows``
 stores); damaged copies of both (bit flips, cuts at random points, garbage in the restart table);
-exact resizes (``_resample.resize_crop``) of random sizes; restart transcodes of damaged JPEGs;
+exact resizes (``_resample.resize_crop``) of random sizes, filters and padded crops; restart transcodes of damaged JPEGs;
 ``decode_chunk`` (the Loader's native path: read through a real file's descriptor, xxh3 check,
 region decode, crop, halving, bilinear resize, flip; or, for exact crops, the whole image decoded
 with the accurate IDCT and fancy upsampling and Pillow's resize cut to the crop) on chunks of those
@@ -65,7 +65,7 @@ from stoker.augment.color import ColorJitter, Grayscale, Normalize
 from stoker.format.checksum import member_checksum
 from stoker.loader import _jpeg_region, _photometric, _resample
 from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import CROP_TRIES
+from stoker.loader.crops import CROP_TRIES, RESAMPLE_FILTERS
 from stoker.loader.decode_crop import _STRIP_SLACK
 from stoker.loader.photometric import encode
 from stoker.pack import _jpeg_restart, restarts
@@ -216,19 +216,24 @@ def random_box(rng: np.random.Generator, height: int, width: int) -> tuple[int, 
 
 
 def resize_case(rng: np.random.Generator) -> Case:
-    """resize_crop with random source, resize and crop sizes (up and down, 1 px edges included)."""
+    """resize_crop with random source, resize and crop sizes (up and down, 1 px edges included), every
+    filter and order of passes, crops partly or wholly outside the resize (padded) for a fifth."""
     height, width = (int(v) for v in rng.integers(1, 400, 2))
     src = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
     resized_h, resized_w = (int(v) for v in rng.integers(1, 500, 2))
     out_h, out_w = int(rng.integers(1, resized_h + 1)), int(rng.integers(1, resized_w + 1))
     top, left = int(rng.integers(0, resized_h - out_h + 1)), int(rng.integers(0, resized_w - out_w + 1))
+    if rng.random() < 0.2:
+        out_h, out_w = out_h + int(rng.integers(0, 50)), out_w + int(rng.integers(0, 50))
+        top, left = top - int(rng.integers(0, out_h + 20)), left - int(rng.integers(0, out_w + 20))
+    filter_, passes = int(rng.integers(len(RESAMPLE_FILTERS))), int(rng.integers(2))
 
     def run(noise: int) -> tuple:
         out = thread_buffer("resize", out_h * out_w * 3)
         fill(out, len(out), noise)
 
         def call() -> tuple:
-            _resample.resize_crop(src, height, width, resized_h, resized_w, top, left, out, out_h, out_w)
+            _resample.resize_crop(src, height, width, resized_h, resized_w, top, left, out, out_h, out_w, filter_, passes)
             return (digest(out, out_h * out_w * 3),)
 
         return outcome(call)
@@ -287,7 +292,8 @@ def chunk_case(rng: np.random.Generator, members: list[list[Member]], fd: int, d
     scale_lo = float(rng.uniform(0.005, 0.6))
     ratio_lo = float(rng.uniform(0.1, 1.0))
     spec = (int(rng.integers(3)), out_h, out_w, scale_lo, float(rng.uniform(scale_lo, 1.0)), ratio_lo,
-            float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.0)), bool(rng.random() < 0.6), bool(rng.random() < 0.33))
+            float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.0)), bool(rng.random() < 0.6), bool(rng.random() < 0.33),
+            int(rng.integers(len(RESAMPLE_FILTERS))), int(rng.integers(2)))
     fds = np.array([fd if rng.random() < 0.95 else [directory, -1][rng.integers(2)] for _ in range(m)], np.int32)
     offsets = np.array([p.offset for p in picked], np.uint64)
     sizes = np.array([p.size for p in picked], np.uint64)

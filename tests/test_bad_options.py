@@ -182,6 +182,7 @@ NAN, INF = float("nan"), float("inf")
     ({"flip": None}, "flip=None"),
     ({"exact": "yes"}, "exact='yes'"), ({"exact": 1}, "exact=1"), ({"exact": None}, "exact=None"),
     ({"kind": "random_resized", "exact": True}, "exact=True applies to 'center' and 'resize'"),
+    ({"kind": "center", "exact": True, "interpolation": "nearest"}, "interpolation='nearest'"),
 ])
 def test_crop_spec_checks_every_field_when_made(arguments, named):
     with pytest.raises(OptionError) as info:

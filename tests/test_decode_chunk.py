@@ -26,13 +26,15 @@ SPECS = [
     CropSpec("random_resized", (160, 160)),  # crops shrinking 2x or more on an axis: halved first
     CropSpec("random_resized", (48, 64), scale=(0.01, 1.0), ratio=(0.2, 5.0)),  # every DCT scale, thin boxes
     CropSpec("center", (224, 224)),
+    CropSpec("center", (224, 320)),  # wider than most resized images: those CenterCrop pads take the exact path
     CropSpec("resize", (96, 128), flip=0.0),
 ]
 # The exact path (a translated Resize + CenterCrop: the whole image decoded as simplejpeg's default,
 # Pillow's resize): the val pipeline's crop; an upscale of small images; a 16 px output (many taps
-# per pixel); Resize((h, w)) stretched, flipped.
+# per pixel); a crop CenterCrop pads, resized bicubic; Resize((h, w)) stretched, flipped.
 EXACT_SPECS = [
     CropSpec("center", (224, 224), exact=True),
+    CropSpec("center", (224, 320), exact=True, interpolation="bicubic"),
     CropSpec("center", (100, 100), center_fraction=0.9, exact=True),
     CropSpec("center", (16, 16), exact=True),
     CropSpec("resize", (96, 128), exact=True),
@@ -84,7 +86,7 @@ def restart_packed(photos, tmp_path_factory) -> Path:
 
 
 def _spec_id(spec: CropSpec) -> str:
-    return f"{spec.kind}-{spec.size[0]}x{spec.size[1]}{'-exact' if spec.exact else ''}"
+    return f"{spec.kind}-{spec.size[0]}x{spec.size[1]}{'-exact' if spec.exact else ''}-{spec.interpolation}"
 
 
 @pytest.mark.parametrize("spec", SPECS + EXACT_SPECS, ids=_spec_id)
@@ -253,8 +255,8 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     data = encode(Image.new("RGB", (32, 32), (200, 10, 10)), "JPEG")
     return dict(fds=np.zeros(n, np.int32), offsets=np.zeros(n, np.uint64), sizes=np.full(n, len(data), np.uint64),
                 checksums=None, tries=np.zeros((n, 10, 4)), flips=np.zeros(n, np.uint8), positions=np.arange(n),
-                spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False), out=np.zeros((slots, 8, 8, 3), np.uint8),
-                status=np.zeros(n, np.uint8), max_pixels=2**64 - 1)
+                spec=(0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False, 0, 0),
+                out=np.zeros((slots, 8, 8, 3), np.uint8), status=np.zeros(n, np.uint8), max_pixels=2**64 - 1)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -262,11 +264,13 @@ def _chunk_args(n: int = 2, slots: int = 2) -> dict:
     (dict(tries=np.zeros((2, 9, 4))), "tries"),
     (dict(positions=np.array([0, 2])), "position 2 is not a slot"),
     (dict(positions=np.array([-1, 0])), "position -1"),
-    (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False)), "spec kind 3"),
+    (dict(spec=(3, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, False, 0, 0)), "spec kind 3"),
+    (dict(spec=(1, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, True, 5, 0)), "filter 5"),  # no such Pillow filter
+    (dict(spec=(1, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, True, 0, 2)), "passes 2"),
     (dict(out=np.zeros((2, 8, 7, 3), np.uint8)), "not whole slots"),
     (dict(checksums=np.zeros(1, np.uint64)), "checksums"),
     # a slot of 2^31-1 squared pixels does not fit Py_ssize_t: refused, not wrapped
-    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False, False), out=np.zeros(0, np.uint8)),
+    (dict(spec=(0, 2**31 - 1, 2**31 - 1, 0.08, 1.0, 0.75, 1.33, 0.875, False, False, 0, 0), out=np.zeros(0, np.uint8)),
      "2147483647x2147483647 output"),
 ])
 def test_decode_chunk_refuses_arrays_that_do_not_fit(change, message):
@@ -281,7 +285,7 @@ def test_decode_chunk_reports_unreadable_and_undecodable_samples(tmp_path, exact
     png = encode(Image.new("RGB", (32, 32)), "PNG")
     path = tmp_path / "blob"
     path.write_bytes(good + png)
-    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact)
+    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact, 0, 0)
     with open(path, "rb") as f:
         args = _chunk_args(4, 4) | dict(spec=spec,
             fds=np.full(4, f.fileno(), np.int32),
@@ -319,7 +323,7 @@ def test_decode_chunk_leaves_images_above_the_pixel_budget(tmp_path, exact):
     bomb = claiming(encode(Image.new("RGB", (32, 24), (200, 10, 10)), "JPEG", progressive=True), 65500, 65500)
     path = tmp_path / "blob"
     path.write_bytes(good + bomb)
-    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact)
+    spec = (1 if exact else 0, 8, 8, 0.08, 1.0, 0.75, 1.33, 0.875, False, exact, 0, 0)
     with open(path, "rb") as f:
         for max_pixels, made in ((32 * 24, [0, 2]), (32 * 24 - 1, [2, 2]), (10**9, [0, 2])):
             args = _chunk_args(2, 2) | dict(spec=spec, fds=np.full(2, f.fileno(), np.int32),

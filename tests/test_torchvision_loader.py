@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 import stoker
 import stoker.augment as A
+from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec, crop_box
 from stoker.loader.torchvision_plan import plan_transform
 
@@ -35,10 +36,11 @@ def train(tv, size=224):
                       V.ToDtype(torch.float32, scale=True), V.Normalize(MEAN, STD)])
 
 
-def val(tv, resize=256, size=224):
+def val(tv, resize=256, size=224, interpolation="bilinear"):
+    mode = T.InterpolationMode(interpolation)
     if tv is T:
-        return T.Compose([T.Resize(resize), T.CenterCrop(size), T.ToTensor(), T.Normalize(MEAN, STD)])
-    return V.Compose([V.Resize(resize), V.CenterCrop(size), V.ToImage(), V.ToDtype(torch.float32, scale=True),
+        return T.Compose([T.Resize(resize, mode), T.CenterCrop(size), T.ToTensor(), T.Normalize(MEAN, STD)])
+    return V.Compose([V.Resize(resize, mode), V.CenterCrop(size), V.ToImage(), V.ToDtype(torch.float32, scale=True),
                       V.Normalize(MEAN, STD)])
 
 
@@ -80,6 +82,12 @@ def test_each_recognised_op_is_translated_with_its_parameters(tv):
     center = plan_transform(tv.Compose([tv.Resize(160), tv.CenterCrop((128, 144)), tv.PILToTensor()]), None)
     assert center.crop == CropSpec("center", (128, 144), center_fraction=128 / 160, flip=False, exact=True)
     assert center.dtype == torch.uint8 and center.ops == ()
+    # wider than the short side: padded where the resized image is narrower; the Resize's filter kept
+    padded = plan_transform(tv.Compose([tv.Resize(160, T.InterpolationMode.BICUBIC), tv.CenterCrop((128, 200)),
+                                        tv.PILToTensor()]), None)
+    assert padded.crop == CropSpec("center", (128, 200), center_fraction=128 / 160, flip=False, exact=True,
+                                   interpolation="bicubic")
+    assert "padded with zeros" in padded.steps[1].why and "antialiased bicubic filter" in padded.steps[0].why
     stretch = plan_transform(tv.Compose([tv.Resize((100, 120)), tv.ToTensor()]), None)
     assert stretch.crop == CropSpec("resize", (100, 120), flip=False, exact=True) and stretch.dtype == torch.float32
 
@@ -119,17 +127,52 @@ def test_batches_have_the_dataloaders_dtype_range_and_shape(photos, packed, tv):
     assert uint8.dtype == torch.uint8 and uint8.shape == (8, 3, 40, 40)
 
 
-@pytest.mark.parametrize("tv", [T, V], ids=["v1", "v2"])
-def test_the_validation_pipeline_is_pixel_close_to_torchvisions(photos, packed, tv):
+@pytest.mark.parametrize("tv, interpolation", [(T, "bilinear"), (V, "bilinear"), (T, "bicubic")],
+                         ids=["v1", "v2", "v1-bicubic"])
+def test_the_validation_pipeline_is_pixel_close_to_torchvisions(photos, packed, tv, interpolation):
     """The tolerance docs/user-guide.md states, for Resize(256) + CenterCrop(224) + ToTensor +
-    Normalize: the same uint8 pixels where Pillow resizes horizontally first (every Pillow before
-    13, and Pillow 13 on these photos), else at most 1 of 255. Only Normalize's float rounding
-    differs here: under 0.01 of a level."""
+    Normalize, bilinear or bicubic: the same uint8 pixels; only Normalize's float rounding differs
+    here: under 0.01 of a level."""
     dataset = stoker.ShardDataset(packed)
-    pipeline = val(tv)
+    pipeline = val(tv, interpolation=interpolation)
     ours = torch.cat([images for images, _ in stoker.Loader(dataset, 32, transform=pipeline, order="sequential")])
     difference = ((ours - by_key(photos, dataset, pipeline)) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
     assert float(difference.max()) < 0.01
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "per-image"])
+def test_a_center_crop_larger_than_the_resized_image_is_padded_as_centercrop_pads(photos, packed, monkeypatch, native):
+    """CropSpec("center", (224, 320)) over photos whose resized width is 256 (portraits) or 341: exact,
+    every image is ImageFolder + Resize(256) + CenterCrop((224, 320))'s, zero columns included, and
+    none is taken for damaged; not exact, the padded ones are so too (the others are the fast path's)."""
+    if not native:
+        monkeypatch.setattr(native_chunk, "decode_chunk", None)
+    dataset = stoker.ShardDataset(packed, on_error="raise")
+    reference = by_key(photos, dataset, T.Compose([T.Resize(256), T.CenterCrop((224, 320)), T.PILToTensor()]))
+    padded = (reference[:, :, :, :8] == 0).flatten(1).all(dim=1)
+    assert 10 < int(padded.sum()) < len(dataset)  # the fixture has both
+    for exact in (True, False):
+        spec = CropSpec("center", (224, 320), flip=False, exact=exact)
+        ours = torch.cat([images for images, _ in stoker.Loader(dataset, 32, crop=spec, order="sequential")])
+        assert torch.equal(ours[padded], reference[padded])
+        if exact:
+            assert torch.equal(ours, reference)
+
+
+def test_a_subclass_is_its_torchvision_base_unless_it_changes_a_method():
+    class Crop(T.RandomResizedCrop):  # a user's own defaults: the base's behaviour
+        def __init__(self) -> None:
+            super().__init__(64, scale=(0.5, 1.0))
+
+    class Odd(V.CenterCrop):  # its own behaviour: run as given
+        def forward(self, *inputs):
+            return super().forward(*inputs)
+
+    plan = plan_transform(T.Compose([Crop(), T.PILToTensor()]), None)
+    assert plan.crop == CropSpec("random_resized", (64, 64), scale=(0.5, 1.0), flip=False) and plan.per_sample == ()
+    assert "a subclass of torchvision's RandomResizedCrop that changes none of its methods" in plan.steps[0].why
+    plan = plan_transform(V.Compose([V.Resize(72), Odd(64), V.PILToTensor()]), None)
+    assert plan.crop is None and [type(t).__name__ for t in plan.per_sample] == ["Resize", "Odd", "PILToTensor"]
 
 
 def test_fixed_random_ops_match_the_dataloader_pixel_for_pixel(photos, packed):
@@ -255,17 +298,25 @@ def test_loader_for_an_image_folder_takes_its_root_and_transform(photos, tmp_pat
         stoker.loader_for(folder, train(T), pack_dir=tmp_path / "pack", progress=False)
 
 
-def test_bench_loader_transform_standard_runs_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("transform, only, rows, ratio", [
+    ("standard", "val-dataloader,val-transform", ("val: DataLoader + torchvision, ", "val: stoker.Loader(transform=the Compose)"),
+     "val: Loader(transform=) / DataLoader: "),
+    ("timm", "", ("timm train: timm's dataset + DataLoader, ", "timm train: stoker.Loader(transform=the same)"),
+     "timm train: Loader(transform=) / timm's DataLoader: "),  # the figure bench/timm.py prints
+], ids=["standard", "timm"])
+def test_bench_loader_transform_runs_end_to_end(tmp_path, capsys, transform, only, rows, ratio):
     from stoker.cli import main
 
-    status = main(["bench", "loader", "--transform", "standard", "--data", str(tmp_path), "--count", "24", "--batch", "8",
-                   "--repeat", "1", "--only", "val-dataloader,val-transform", "--force"])
+    if transform == "timm":
+        pytest.importorskip("timm", reason="needs timm (make test runs these tests in .venv-tv)")
+    status = main(["bench", "loader", "--transform", transform, "--data", str(tmp_path), "--count", "24", "--batch", "8",
+                   "--repeat", "1", "--only", only, "--force"])
     out = capsys.readouterr().out
     assert status == 0
-    for name in ("val: DataLoader + torchvision, ", "val: stoker.Loader(transform=the Compose)"):
+    for name in rows:
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert all(float(v) > 0 for v in line.split()[-5:-1]), line
-    assert "val: Loader(transform=) / DataLoader: " in out
+    assert ratio in out
 
 
 def test_the_training_example_resumes_where_it_stopped(photos, tmp_path):

@@ -100,6 +100,24 @@ def report_standard(rows: list[Row]) -> str:
                      if a in warm and b in warm)
 
 
+def timm_readers(cores: int) -> list[Reader]:
+    """``--transform timm``: timm's training transform (create_transform, is_training=True) through
+    timm's own dataset and DataLoader with ``cores`` workers, and through stoker.Loader(transform=...)."""
+    return [Reader(f"timm-{via}", f"timm train: {name}", "timm_train.py",
+                   args=("--via", via, "--pipeline", "train"), workers=cores)
+            for via, name in (("timm", f"timm's dataset + DataLoader, {cores} workers"),
+                              ("transform", "stoker.Loader(transform=the same)"))]
+
+
+def report_timm(rows: list[Row]) -> str:
+    """The ``--transform timm`` ratio the target is stated in (issue 39)."""
+    warm = {row.reader.key: row.median("warm_epoch") for row in rows if not row.error}
+    if "timm-transform" not in warm or "timm-timm" not in warm:
+        return ""
+    return f"timm train: Loader(transform=) / timm's DataLoader: {warm['timm-transform'] / warm['timm-timm']:.2f}x " \
+           "(target >= 4x on 2 cores)"
+
+
 def restart_readers(shards: Path) -> list[Reader]:
     """stoker.Loader at 224 and 160 px on ``shards``, the photos packed with ``--restart-rows``."""
     return [Reader("rst", _RESTART, "stoker_loader.py", shards=shards),
@@ -255,7 +273,8 @@ def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, p
     """The whole ``stoker bench loader`` run: check the machine is idle, prepare, measure, report.
     ``restart_rows`` adds stoker.Loader on the photos packed with ``--restart-rows`` (224 and 160
     px, whatever ``only`` says) and the pack's rate and size with and without it. ``transform="standard"``:
-    the standard torchvision pipelines instead of the default readers (:func:`standard_readers`)."""
+    the standard torchvision pipelines instead of the default readers (:func:`standard_readers`);
+    ``transform="timm"``: timm's training transform (:func:`timm_readers`)."""
     from stoker.bench.pack_rate import measure_packs, pack_report
     from stoker.pack import pack
 
@@ -264,7 +283,8 @@ def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, p
     refuse_if_busy(force)
     photos, shards = prepare_data(data, count, images)
     cores = os.cpu_count() or 1
-    every = standard_readers(cores) if transform == "standard" else default_readers(peers or {}, cores)
+    every = (standard_readers(cores) if transform == "standard" else timm_readers(cores) if transform == "timm"
+             else default_readers(peers or {}, cores))
     readers = [r for r in every if not only or r.key in only.split(",")]
     if restart_rows:
         pack(photos, data / "shards-restart", restart_rows=True)
@@ -277,7 +297,8 @@ def bench_loader(data: Path, *, count: int = 4000, images: Path | None = None, p
     load = os.getloadavg()
     head = (f"stoker bench loader: {len(readers)} readers, {cores} cores, batch {batch}, medians of {repeat}, "
             f"{'cold' if cold else 'warm'} page cache; load average after {load[0]:.2f}")
-    if transform == "standard":
-        return head + "\n" + report(rows, cores) + "\n" + report_standard(rows)
+    if transform in ("standard", "timm"):
+        ratios = report_standard(rows) if transform == "standard" else report_timm(rows)
+        return head + "\n" + report(rows, cores) + "\n" + ratios
     text = head + "\n" + report(rows, cores, floor_pss_mb())
     return text + ("\n" + pack_report(packs, cores) if packs else "")

@@ -17,6 +17,9 @@ from stoker.errors import OptionError
 from stoker.ranges import CENTER_FRACTION, CROP_RATIO, CROP_SCALE, CROP_SIDE, FLIP_P, Range
 
 CropKind = Literal["random_resized", "center", "resize"]
+Interpolation = Literal["bilinear", "bicubic", "lanczos", "hamming", "box"]
+# Pillow's antialiased filters, in the order the C code numbers them (pillow_resample.h)
+RESAMPLE_FILTERS: tuple[Interpolation, ...] = ("bilinear", "bicubic", "lanczos", "hamming", "box")
 
 
 @dataclass(frozen=True)
@@ -26,10 +29,12 @@ class CropSpec:
     ``random_resized``: torchvision's RandomResizedCrop (``scale``, ``ratio``);
     ``center``: the central ``center_fraction`` of the short side at the output's aspect, as
     Resize(size / 0.875) + CenterCrop(size) does; ``resize``: the whole image, stretched. These two
-    are resampled with OpenCV, each image decoded at the smallest DCT scale its crop allows; with
-    ``exact`` (what a translated torchvision Resize gets) instead as torchvision's PIL path does:
-    decoded whole with Pillow's IDCT and upsampling, resized with Pillow's antialiased bilinear
-    filter and cropped (the pixels of ImageFolder + Resize + CenterCrop; slower for large images).
+    are resampled bilinearly with OpenCV, each image decoded at the smallest DCT scale its crop
+    allows; with ``exact`` (what a translated torchvision Resize gets) instead as torchvision's PIL
+    path does: decoded whole with Pillow's IDCT and upsampling, resized with Pillow's antialiased
+    ``interpolation`` filter and cropped, zeros where the crop is larger than the resized image
+    (the pixels of ImageFolder + Resize + CenterCrop, which pads so; slower for large images).
+    ``interpolation`` applies to the exact path only: the others resample bilinearly.
     ``flip`` mirrors half the images, chosen at random (or, a number: that fraction of them).
     Each field is checked when the spec is made (OptionError naming it and what it accepts).
     """
@@ -41,6 +46,7 @@ class CropSpec:
     center_fraction: float = 0.875
     flip: bool | float = True
     exact: bool = False
+    interpolation: Interpolation = "bilinear"
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(CropKind):
@@ -54,6 +60,9 @@ class CropSpec:
             raise OptionError(f"flip={self.flip!r}: must be True (half the images), False or {FLIP_P.describe()}")
         if not isinstance(self.exact, bool):
             raise OptionError(f"exact={self.exact!r}: must be True or False")
+        if self.interpolation not in RESAMPLE_FILTERS:
+            raise OptionError(f"interpolation={self.interpolation!r}: must be one of "
+                              f"{', '.join(map(repr, RESAMPLE_FILTERS))} (Pillow's filters, for the exact path)")
         if self.exact and self.kind == "random_resized":
             raise OptionError("exact=True applies to 'center' and 'resize' crops (a translated Resize + CenterCrop); "
                               "'random_resized' crops are resampled with OpenCV")
@@ -96,6 +105,7 @@ def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tupl
     out_h, out_w = spec.size
     if spec.kind != "random_resized":
         top, left, ch, cw = exact_box(spec, height, width)
+        top, left = max(0.0, top), max(0.0, left)  # a crop CenterCrop pads: cut inside the image (see pads())
         bottom, right = min(height, math.ceil(top + ch)), min(width, math.ceil(left + cw))
         return int(top), int(left), max(1, bottom - int(top)), max(1, right - int(left))
     return random_resized_box(height, width, spec.scale, spec.ratio, tries)
@@ -104,7 +114,8 @@ def crop_box(spec: CropSpec, height: int, width: int, tries: np.ndarray) -> tupl
 def exact_resize(spec: CropSpec, height: int, width: int) -> tuple[int, int, int, int]:
     """(resized height, resized width, top, left) of a deterministic crop (``center``, ``resize``):
     the size torchvision's Resize(short side) (``center``) or Resize((h, w)) (``resize``) gives the
-    image, and where CenterCrop's output starts in it (0, 0 for ``resize``)."""
+    image, and where CenterCrop's output starts in it (0, 0 for ``resize``; negative where the
+    output is larger than the resized image and CenterCrop pads it)."""
     out_h, out_w = spec.size
     if spec.kind == "resize":
         return out_h, out_w, 0, 0
@@ -113,7 +124,23 @@ def exact_resize(spec: CropSpec, height: int, width: int) -> tuple[int, int, int
         new_h, new_w = int(short * height / width), short  # torchvision truncates the long side
     else:
         new_h, new_w = short, int(short * width / height)
-    return new_h, new_w, int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))  # CenterCrop's offsets
+    return new_h, new_w, _center_offset(new_h, out_h), _center_offset(new_w, out_w)
+
+
+def _center_offset(size: int, crop: int) -> int:
+    """Where CenterCrop's ``crop`` pixels start in ``size``: its rounding, or, where it pads first
+    (``crop`` > ``size``, the image centred with the odd pixel of padding after it), minus the padding before."""
+    return int(round((size - crop) / 2.0)) if size >= crop else -((crop - size) // 2)
+
+
+def pads(spec: CropSpec, height: int, width: int) -> bool:
+    """Whether CenterCrop pads this image: a ``center`` crop larger than the resized image in a
+    dimension. Such images take the exact path whatever ``spec.exact`` says (:func:`crop_box`'s
+    boxes stay inside the image), so their crops are CenterCrop's, padding included."""
+    if spec.kind != "center":
+        return False
+    new_h, new_w, _, _ = exact_resize(spec, height, width)
+    return new_h < spec.size[0] or new_w < spec.size[1]
 
 
 def exact_box(spec: CropSpec, height: int, width: int) -> tuple[float, float, float, float]:

@@ -9,9 +9,9 @@
  * restart-marker packs included), the cut, halving an axis that shrinks 2x or more, the bilinear
  * resize (bilinear.c: cv2.resize's pixels) and the flip. An exact crop (CropSpec.exact: a
  * translated Resize + CenterCrop) takes decode_crop.py's exact path instead: the whole image
- * decoded as simplejpeg's default decode, then Pillow's resize computed for the crop's pixels
- * (pillow_resample.c, which the _resample extension shares) and the flip. Its pixels are the
- * Python path's; the tests compare the two.
+ * decoded as simplejpeg's default decode, then Pillow's resize with the Resize's filter computed
+ * for the crop's pixels, zeros where CenterCrop pads (pillow_resample.c, which the _resample
+ * extension shares), and the flip. Its pixels are the Python path's; the tests compare the two.
  *
  * A sample this loop does not finish gets a status instead of pixels, and Python makes it the
  * slow way, which raises or skips as the Loader's on_error says, or decodes what only Pillow can:
@@ -43,7 +43,7 @@ enum { RANDOM_RESIZED = 0, CENTER = 1, RESIZE = 2 };
 #define STRIP_SLACK 64 /* decode_crop._STRIP_SLACK */
 
 typedef struct {
-    int kind, out_h, out_w, restarts, exact;
+    int kind, out_h, out_w, restarts, exact, filter, passes;
     double scale_lo, scale_hi, ratio_lo, ratio_hi, center_fraction;
     uint64_t max_pixels; /* the pixel budget */
 } Spec;
@@ -56,6 +56,11 @@ typedef struct {
 typedef struct {
     Scratch read, decode, strip, halved[2], resize;
 } Buffers;
+
+/* crops._center_offset: where CenterCrop's `crop` pixels start in `size` (negative: padded). */
+static long center_offset(long size, long crop) {
+    return size >= crop ? (long)nearbyint((double)(size - crop) / 2.0) : -((crop - size) / 2);
+}
 
 /* crops.exact_resize: the size torchvision's Resize gives the image and CenterCrop's offsets in it. */
 static void exact_resize(const Spec *s, long h, long w, long *new_h, long *new_w, long *top, long *left) {
@@ -72,8 +77,16 @@ static void exact_resize(const Spec *s, long h, long w, long *new_h, long *new_w
         *new_h = (long)shorter;
         *new_w = (long)(shorter * (double)w / (double)h);
     }
-    *top = (long)nearbyint((double)(*new_h - s->out_h) / 2.0);
-    *left = (long)nearbyint((double)(*new_w - s->out_w) / 2.0);
+    *top = center_offset(*new_h, s->out_h);
+    *left = center_offset(*new_w, s->out_w);
+}
+
+/* crops.pads: whether CenterCrop pads this image (then the exact path makes it, exact or not). */
+static int pads(const Spec *s, long h, long w) {
+    long new_h, new_w, top, left;
+    if (s->kind != CENTER) return 0;
+    exact_resize(s, h, w, &new_h, &new_w, &top, &left);
+    return new_h < s->out_h || new_w < s->out_w;
 }
 
 /* crops.crop_box, the same arithmetic in the same order (Python's round() is nearbyint's
@@ -89,6 +102,7 @@ static Box crop_box(const Spec *s, long h, long w, const double *tries) {
             exact_resize(s, h, w, &new_h, &new_w, &t, &l);
             sy = (double)h / (double)new_h, sx = (double)w / (double)new_w;
             top = (double)t * sy, left = (double)l * sx, ch = s->out_h * sy, cw = s->out_w * sx;
+            top = top > 0 ? top : 0, left = left > 0 ? left : 0; /* a crop CenterCrop pads: inside the image */
         }
         bottom = fmin((double)h, ceil(top + ch));
         right = fmin((double)w, ceil(left + cw));
@@ -192,15 +206,16 @@ static int crop_resize(Pixels block, long origin_y, long origin_x, long scaled_h
 }
 
 /* decode_crop._resample_exact on the image `data` (h x w): decoded whole as simplejpeg's default
- * decode, resized as torchvision's Resize does with Pillow and cut as CenterCrop does, flipped. */
+ * decode, resized as torchvision's Resize does with Pillow and cut (or padded) as CenterCrop does, flipped. */
 static int exact_crop(const Spec *spec, const unsigned char *data, size_t size, long h, long w, int flip, Pixels out,
                       Buffers *buffers) {
     long new_h, new_w, top, left;
     Job job;
 
     exact_resize(spec, h, w, &new_h, &new_w, &top, &left);
-    /* a crop larger than the resize: the Python path reports it */
-    if (!pillow_resize_fits(h, w, new_h, new_w, top, left, out.height, out.width)) return NOT_DECODED;
+    /* a resize to nothing (a very long, thin image) or a side over 2^20: the Python path reports it */
+    if (!pillow_resize_fits(h, w, new_h, new_w, top, left, out.height, out.width, spec->filter, spec->passes))
+        return NOT_DECODED;
     memset(&job, 0, sizeof job);
     job.data = data;
     job.size = size;
@@ -211,7 +226,8 @@ static int exact_crop(const Spec *spec, const unsigned char *data, size_t size, 
     job.out_size = (size_t)h * (size_t)w * 3;
     job.out = scratch_get(&buffers->decode, job.out_size);
     if (job.out == NULL || region_decode(&job) != 0) return NOT_DECODED;
-    if (pillow_resize_crop(job.out, h, w, new_h, new_w, top, left, out.pixels, out.height, out.width) != 0)
+    if (pillow_resize_crop(job.out, h, w, new_h, new_w, top, left, spec->filter, spec->passes, out.pixels, out.height,
+                           out.width) != 0)
         return NOT_DECODED;
     if (flip) flip_columns(out);
     return DONE;
@@ -235,7 +251,7 @@ static int decode_sample(const Spec *spec, int fd, uint64_t offset, uint64_t siz
     if (data == NULL || read_exactly(fd, data, (size_t)size, (off_t)offset) != 0) return READ_FAILED;
     if (checksum && XXH3_64bits(data, (size_t)size) != *checksum) return READ_FAILED;
     if (!jpeg_size(data, (size_t)size, &h, &w) || (uint64_t)h * (uint64_t)w > spec->max_pixels) return NOT_DECODED;
-    if (spec->exact) return exact_crop(spec, data, (size_t)size, h, w, flip, out, buffers);
+    if (spec->exact || pads(spec, h, w)) return exact_crop(spec, data, (size_t)size, h, w, flip, out, buffers);
     box = crop_box(spec, h, w, tries);
     scale = dct_scale(spec, box);
     scaled_h = (h + scale - 1) / scale, scaled_w = (w + scale - 1) / scale;
@@ -281,7 +297,8 @@ const char DECODE_CHUNK_DOC[] =
     "checksums uint64 (m,) (their xxh3-64) or None not to check; tries float64 (m, 10, 4) and flips\n"
     "uint8 (m,): the crop draws (crops.draw_batch); positions int64 (m,): each sample's slot in out;\n"
     "spec (kind 0/1/2 = random_resized/center/resize, out_h, out_w, scale_lo, scale_hi, ratio_lo,\n"
-    "ratio_hi, center_fraction, restarts, exact: decode_crop.py's exact path, Pillow's resize); out: a\n"
+    "ratio_hi, center_fraction, restarts, exact: decode_crop.py's exact path, Pillow's resize, filter: its\n"
+    "index in crops.RESAMPLE_FILTERS, passes: decode_crop.PILLOW_PASSES); out: a\n"
     "writable (N, out_h, out_w, 3) uint8 buffer; status: a writable uint8 (m,) buffer, each sample's\n"
     "outcome (0 done, 1 read failed or checksum mismatch, 2 not decoded here); max_pixels: the pixel\n"
     "budget, a JPEG of more pixels by its header is not decoded here (status 2). Returns how many\n"
@@ -298,10 +315,10 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
     int ok = 0;
 
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddpp)w*w*K:decode_chunk", keywords, &fds, &offsets,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*y*Oy*y*y*(iiidddddppii)w*w*K:decode_chunk", keywords, &fds, &offsets,
                                      &sizes, &checksums_obj, &tries, &flips, &positions, &spec.kind, &spec.out_h, &spec.out_w,
                                      &spec.scale_lo, &spec.scale_hi, &spec.ratio_lo, &spec.ratio_hi, &spec.center_fraction,
-                                     &spec.restarts, &spec.exact, &out, &status, &spec.max_pixels))
+                                     &spec.restarts, &spec.exact, &spec.filter, &spec.passes, &out, &status, &spec.max_pixels))
         return NULL;
     m = fds.len / 4;
     if (checksums_obj != Py_None && PyObject_GetBuffer(checksums_obj, &checksums, PyBUF_SIMPLE) != 0) goto release;
@@ -312,9 +329,11 @@ PyObject *decode_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
     /* a slot's bytes computed only where they fit Py_ssize_t */
     slot_bytes = spec.out_h > 0 && spec.out_w > 0 && spec.out_w <= PY_SSIZE_T_MAX / 3 / spec.out_h
                      ? (Py_ssize_t)spec.out_h * spec.out_w * 3 : 0;
-    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || slot_bytes == 0 || out.len % slot_bytes) {
-        PyErr_Format(PyExc_ValueError, "decode_chunk: spec kind %d, %dx%d output, or out's %zd bytes are not whole slots",
-                     spec.kind, spec.out_h, spec.out_w, out.len);
+    if (spec.kind < RANDOM_RESIZED || spec.kind > RESIZE || spec.filter < 0 || spec.filter >= FILTERS ||
+        (spec.passes != PASSES_HORIZONTAL_FIRST && spec.passes != PASSES_PILLOW_13) || slot_bytes == 0 ||
+        out.len % slot_bytes) {
+        PyErr_Format(PyExc_ValueError, "decode_chunk: spec kind %d, filter %d, passes %d, %dx%d output, or out's %zd "
+                     "bytes are not whole slots", spec.kind, spec.filter, spec.passes, spec.out_h, spec.out_w, out.len);
         goto release;
     }
     slots = out.len / slot_bytes;

@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import cv2
 import numpy as np
+import PIL
 import simplejpeg
 from PIL import Image
 
 from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import CropSpec, crop_box, exact_resize
+from stoker.loader.crops import RESAMPLE_FILTERS, CropSpec, crop_box, exact_resize, pads
 from stoker.pixels import check_pixels, native_limit, pixel_limit
 
 decode_region: Callable[..., tuple[int, int, int, int]] | None  # None: the extension is not built
@@ -44,6 +45,8 @@ _JPEG_MAGIC = b"\xff\xd8"
 # A strip JPEG is the header and parts of the scan, each row ending in a 2-byte marker, as in the file.
 _STRIP_SLACK = 64
 _RGB_COLORSPACES = ("Gray", "YCbCr", "RGB")
+# The order of the installed Pillow's two resize passes (pillow_resample.h): the exact path's pixels are its.
+PILLOW_PASSES = 1 if int(PIL.__version__.split(".")[0]) >= 13 else 0
 
 
 def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, flip: bool, out: np.ndarray,
@@ -63,10 +66,10 @@ def decode_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarray, fli
         except (ValueError, RuntimeError):
             pass
     with Image.open(io.BytesIO(data)) as pil:
-        if spec.exact:
+        width, height = pil.size
+        if spec.exact or pads(spec, height, width):
             _resample_exact(np.asarray(pil.convert("RGB")), spec, flip, out)
             return
-        width, height = pil.size
         box = crop_box(spec, height, width, tries)
         scale = _dct_scale(spec, box)
         pil.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))  # JPEG only: reduced DCT scale
@@ -84,7 +87,7 @@ def _decode_jpeg_into(data: bytes | memoryview, spec: CropSpec, tries: np.ndarra
     if colorspace not in _RGB_COLORSPACES:
         return False
     buffer = thread_buffer("decode", height * width * 3)
-    if spec.exact:  # Pillow's IDCT and upsampling (no fast modes), the whole image
+    if spec.exact or pads(spec, height, width):  # Pillow's IDCT and upsampling (no fast modes), the whole image
         _resample_exact(simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buffer), spec, flip, out)
         return True
     box = crop_box(spec, height, width, tries)
@@ -116,18 +119,19 @@ def crop_into(image: np.ndarray, spec: CropSpec, tries: np.ndarray, flip: bool, 
 
 def _resample_exact(image: np.ndarray, spec: CropSpec, flip: bool, out: np.ndarray) -> None:
     """Resize the whole decoded ``image`` as torchvision's Resize does on a PIL image (Pillow's
-    antialiased bilinear filter) and cut ``spec``'s crop into ``out`` (``CropSpec.exact``): the
-    bytes of Pillow's resize + crop, computed by ``_resample.c`` for the crop's pixels only
-    (measured on the sample photos: 445 instead of Pillow's ~780 us), or by Pillow where that
-    extension is not built. Pillow 13 runs the vertical pass first for some sizes (not the sample
-    photos'); its pixels then differ by at most 1 of 255. The Loader's native path makes the same
-    bytes (``exact_crop`` in decode_chunk.c: the same decode, the same C source for the resize)."""
+    antialiased filter, ``spec.interpolation``) and cut ``spec``'s crop into ``out``
+    (``CropSpec.exact``), zeros where CenterCrop pads: the bytes of the installed Pillow's resize +
+    crop (its order of passes: ``PILLOW_PASSES``), computed by ``_resample.c`` for the crop's pixels
+    only (measured on the sample photos, bilinear: 445 instead of Pillow's ~780 us), or by Pillow
+    where that extension is not built. The Loader's native path makes the same bytes (``exact_crop``
+    in decode_chunk.c: the same decode, the same C source for the resize)."""
     resized_h, resized_w, top, left = exact_resize(spec, image.shape[0], image.shape[1])
     out_h, out_w = out.shape[:2]
     if resize_crop is not None and image.flags.c_contiguous and out.flags.c_contiguous:
-        resize_crop(image, image.shape[0], image.shape[1], resized_h, resized_w, top, left, out, out_h, out_w)
-    else:
-        resized = Image.fromarray(image).resize((resized_w, resized_h), Image.Resampling.BILINEAR)
+        resize_crop(image, image.shape[0], image.shape[1], resized_h, resized_w, top, left, out, out_h, out_w,
+                    RESAMPLE_FILTERS.index(spec.interpolation), PILLOW_PASSES)
+    else:  # Pillow's crop fills what lies outside the image with zeros, as CenterCrop's padding
+        resized = Image.fromarray(image).resize((resized_w, resized_h), Image.Resampling[spec.interpolation.upper()])
         out[...] = np.asarray(resized.crop((left, top, left + out_w, top + out_h)))
     if flip:
         cv2.flip(out, 1, dst=out)

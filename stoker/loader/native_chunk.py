@@ -20,7 +20,8 @@ import numpy as np
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix
-from stoker.loader.crops import BatchDraws, CropSpec
+from stoker.loader.crops import RESAMPLE_FILTERS, BatchDraws, CropSpec
+from stoker.loader.decode_crop import PILLOW_PASSES
 from stoker.pixels import native_limit, pixel_limit
 
 decode_chunk: Callable[..., int] | None  # None: the region-decode extension is not built
@@ -58,7 +59,8 @@ def decode_samples(dataset: ShardDataset | Mix, spec: CropSpec, restarts: bool, 
     return status == 0, reads.labels
 
 
-def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool, bool]:
+def _spec_tuple(spec: CropSpec, restarts: bool) -> tuple[int, int, int, float, float, float, float, float, bool, bool,
+                                                       int, int]:
     (out_h, out_w), (scale_lo, scale_hi), (ratio_lo, ratio_hi) = spec.size, spec.scale, spec.ratio
     return (_KINDS[spec.kind], out_h, out_w, float(scale_lo), float(scale_hi), float(ratio_lo), float(ratio_hi),
-            float(spec.center_fraction), restarts, spec.exact)
+            float(spec.center_fraction), restarts, spec.exact, RESAMPLE_FILTERS.index(spec.interpolation), PILLOW_PASSES)
