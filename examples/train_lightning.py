@@ -8,8 +8,10 @@ Lightning keeps the train dataloader's ``state_dict()`` in every checkpoint (ran
 loop's ``combined_loader``) and gives it back to ``load_state_dict()`` when it resumes: stoker.Loader
 has both, so a run resumed from a mid-epoch checkpoint trains on the batches it had not trained on
 and on no other. The Loader is made in ``train_dataloader()``, after Lightning has started the
-process group, so it takes its rank and world size from torch.distributed. On the CPU, ``ddp`` runs
-over gloo.
+process group, so it takes its rank and world size from torch.distributed. Lightning sets each
+epoch through ``loader.sampler.set_epoch``, as for a DataLoader; a Loader returned by
+``val_dataloader()`` is read whole at every validation, its sanity check's two batches
+notwithstanding. On the CPU, ``ddp`` runs over gloo.
 """
 
 from __future__ import annotations

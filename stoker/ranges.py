@@ -1,15 +1,18 @@
 """The allowed range of every numeric option, in one place: the CLI's argument types and the
 Python functions that take the same values check them with the same :class:`Range`, before any
-work starts, and say the range in the message.
+work starts, and say the range in the message. Options that take one of a few values (``order``,
+``layout``, ...) are a :class:`Choice`, checked the same way.
 
     SHARD_BYTES.check(shard_bytes)                       # Python: OptionError naming shard_bytes= and --shard-size
     p.add_argument("--shard-size", type=SHARD_BYTES.argument(parse_size))   # CLI: argparse's one-line error
+    ORDER.check(order)                                   # OptionError: order='x': must be one of 'quasi_random', ...
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +78,32 @@ class Range:
     def _show(self, bound: float) -> str:
         if self.unit == "bytes":
             return next((f"{bound / size:g} {name}" for size, name in _BYTE_UNITS if bound >= size), f"{bound:g} bytes")
-        return f"{bound:g}" if bound < 1e15 else f"2**{round(math.log2(bound + 1))} - 1"
+        if bound >= 1e15:
+            return f"2**{round(math.log2(bound + 1))} - 1"
+        return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"  # 2147483648, not 2.14748e+09
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values``, of the same type (True is not 1, 1 is not True); ``name`` is the Python argument."""
+
+    name: str
+    values: tuple[Any, ...]
+
+    def describe(self) -> str:
+        """The values in words, e.g. ``one of 'NCHW', 'NHWC' or None``."""
+        shown = [repr(value) for value in self.values]
+        return f"one of {', '.join(shown[:-1])} or {shown[-1]}" if len(shown) > 1 else shown[0]
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is one of the values (a hashable of the same type)."""
+        return any(type(value) is type(choice) and value == choice for choice in self.values)
+
+    def check(self, value: Any) -> Any:
+        """``value`` when it is one of the values; OptionError naming the argument and the values."""
+        if not self.accepts(value):
+            raise OptionError(f"{self.name}={value!r}: must be {self.describe()}")
+        return value
 
 
 _SEED_MAX = 2**63 - 1  # numpy takes any non-negative seed; this keeps it an int64 wherever it is stored
@@ -109,6 +137,22 @@ BENCH_BATCH = Range("batch", "--batch", 1, 1 << 16)
 
 # Loader, QuasiRandomSampler, Augment and their saved states (no CLI options)
 SEED = Range("seed", "", 0, _SEED_MAX)
+EPOCH = Range("epoch", "", 0, 2**31 - 1)  # Augment's step is (epoch << 32) + batch: an int64
+START_EPOCH = Range("start_epoch", "", EPOCH.low, EPOCH.high)
+BATCH_SIZE = Range("batch_size", "", 1, 1 << 31)
+WINDOW = Range("window", "", 1, 1 << 31)
+WORLD_SIZE = Range("world_size", "", 1, 1 << 20)
+ORDER = Choice("order", ("quasi_random", "random", "sequential"))
+DROP_LAST = Choice("drop_last", (False, True))
+
+# stoker.Loader(...) (no CLI options)
+THREADS = Range("threads", "", 1, 4096)
+PROCESSES = Range("processes", "", 0, 1024)
+PREFETCH = Range("prefetch", "", 1, 1024, unit="batches made ahead")
+LAYOUT = Choice("layout", ("NCHW", "NHWC", None))
+DECODE = Choice("decode", ("cpu", "gpu"))
+ON_ERROR = Choice("on_error", ("raise", "skip", None))
+MP_CONTEXT = Choice("mp_context", (*multiprocessing.get_all_start_methods(), None))
 
 # ShardDataset(...) and ShardSet (no CLI options)
 BLOCK_BYTES = Range("block_bytes", "", 4 << 10, 1 << 30, unit="bytes")

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
-from stoker.ranges import SEED, Range
+from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, ORDER, SEED, WINDOW, WORLD_SIZE, Choice, Range
 
 STATE_VERSION = 2  # the records of echo, watch and Augment
 POSITION_VERSION = 3  # a reader's Position (3: samples done across all ranks; elastic)
@@ -53,12 +53,9 @@ _PART = "part"
 _PART_NAMES = {"Loader": "a stoker.Loader", "QuasiRandomSampler": "a stoker.QuasiRandomSampler",
                "Echo": "stoker.echo", "Watched": "stoker.watch", "Augment": "a stoker.augment.Augment"}
 
-# The allowed values of the counts a record holds (the same bounds for every part).
-EPOCH = Range("epoch", "", 0, 2**31 - 1)  # Augment's step is (epoch << 32) + batch: an int64
+# The allowed values of the counts a record holds (the same bounds for every part; the readers'
+# options are checked with the same ones: stoker/ranges.py).
 COUNT = Range("count", "", 0, 2**62)
-WORLD_SIZE = Range("world_size", "", 1, 1 << 20)
-BATCH_SIZE = Range("batch_size", "", 1, 1 << 31)
-WINDOW = Range("window", "", 1, 1 << 31)
 SECONDS = Range("seconds", "", 0, 1e12, integer=False)
 
 
@@ -136,7 +133,7 @@ def checked(part: str, field: str, value: Any, allowed: Range) -> Any:
 
 def checked_choice(part: str, field: str, value: Any, allowed: tuple[Any, ...]) -> Any:
     """``value`` when it is one of ``allowed`` (and of the same type: True is not 1); else StateError."""
-    if not any(type(value) is type(choice) and value == choice for choice in allowed):
+    if not Choice(field, allowed).accepts(value):
         raise StateError(f"{_PART_NAMES.get(part, part)} cannot load this state: {field}={value!r} must be one of "
                          f"{', '.join(map(repr, allowed))}")
     return value
@@ -190,8 +187,7 @@ class Position:
         if not isinstance(values["dataset"], str) or not values["dataset"]:
             raise StateError(f"{name} cannot load this state: dataset={values['dataset']!r} must be "
                              "the data set's manifest digest (a string)")
-        # stoker.data.epoch.ORDERS (the state sits below the data package, which imports it)
-        order = checked_choice(part, "order", values["order"], ("quasi_random", "random", "sequential"))
+        order = checked_choice(part, "order", values["order"], ORDER.values)
         quasi = order == "quasi_random"
         window, blocks = values["window"], values["blocks"]
         if quasi != (window is not None) or quasi != (blocks is not None):
@@ -226,15 +222,16 @@ class Position:
             order=order,
             window=checked(part, "window", window, WINDOW) if quasi else None,
             blocks=blocks,
-            drop_last=checked_choice(part, "drop_last", values["drop_last"], (False, True)),
+            drop_last=checked_choice(part, "drop_last", values["drop_last"], DROP_LAST.values),
             samples_done=checked(part, "samples_done", values["samples_done"], COUNT),
             mix=mix,
             consumed=consumed,
         )
 
-    def check_fits(self, current: Position) -> str:
+    def check_fits(self, current: Position, warn_seed: bool = True) -> str:
         """Raise StateError if this saved position cannot be resumed by a reader at ``current`` (both
-        values named); warn (StateWarning) when its seed, which the reader takes, is not the reader's.
+        values named); warn (StateWarning) when its seed, which the reader takes, is not the reader's
+        and ``warn_seed`` (a seed the reader was given: a drawn one is replaced without a word).
         Returns how the batches carry over (:func:`resume_mode`)."""
         reader = _PART_NAMES[current.part]
         for name, what, hint in _MUST_MATCH:
@@ -243,24 +240,24 @@ class Position:
                 raise StateError(f"cannot resume: the state was saved for {what} ({name} {saved!r}, {reader} has "
                                  f"{now!r}){hint}")
         mode = resume_mode(self.world_size, self.batch_size, current.world_size, current.batch_size, reader)
-        if self.seed != current.seed:
+        if self.seed != current.seed and warn_seed:
             warnings.warn(f"{reader} was built with seed={current.seed} and loads a state saved with seed={self.seed}: "
                           f"it takes seed {self.seed}, so the resumed run goes on with the saved run's order and crops",
                           StateWarning, stacklevel=3)
         return mode
 
-    def resumed_by(self, current: Position) -> tuple[Position, str]:
+    def resumed_by(self, current: Position, warn_seed: bool = True) -> tuple[Position, str]:
         """Where a reader at ``current`` resumes from this saved position, and how (see
         :meth:`check_fits`, which refuses what does not fit). A mixture saved with other weights or
         options (``mix``) starts a new mix instead, with a StateWarning naming both: at the start
         of the saved epoch when nothing of it was consumed, else at the start of the next (the rest
         of the saved epoch, drawn with the old weights, is not read)."""
         if self.mix is None or current.mix is None or self.mix == current.mix:
-            return self, self.check_fits(current)
+            return self, self.check_fits(current, warn_seed)
         epoch = self.epoch + (self.samples_done > 0)
         fresh = replace(self, epoch=epoch, world_size=current.world_size, rank=current.rank,
                         batch_size=current.batch_size, samples_done=0, mix=current.mix, consumed=None)
-        fresh.check_fits(current)
+        fresh.check_fits(current, warn_seed)
         skipped = f" (the rest of epoch {self.epoch} is not read)" if epoch != self.epoch else ""
         warnings.warn(f"the state was saved for a mix of {self.mix}; {_PART_NAMES[current.part]} has {current.mix}: "
                       f"a new mix starts at epoch {epoch}{skipped}", StateWarning, stacklevel=3)

@@ -5,6 +5,7 @@ added later is covered without touching this file."""
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,44 @@ def test_readers_and_helpers_check_their_arguments(packed, tmp_path):
     with pytest.raises(OptionError, match="batch_size=0"):
         stoker.doctor(packed, batch_size=0)
     assert not (tmp_path / "photos").exists() and not (tmp_path / "staged").exists()
+
+
+LOADER_OPTIONS = [
+    ({"prefetch": -5}, "prefetch=-5: must be an integer from 1 to 1024"), ({"prefetch": 0}, "prefetch=0"),
+    ({"batch_size": 0}, "batch_size=0: must be an integer from 1"), ({"batch_size": 2.5}, "batch_size=2.5"),
+    ({"window": 0}, "window=0: must be an integer from 1"), ({"threads": 0}, "threads=0: must be an integer from 1"),
+    ({"threads": True}, "threads=True"), ({"processes": -1}, "processes=-1: must be an integer from 0"),
+    ({"mp_context": "thread"}, "mp_context='thread': must be one of 'fork', 'spawn', 'forkserver' or None"),
+    ({"layout": "CHW"}, "layout='CHW': must be one of 'NCHW', 'NHWC' or None"),
+    ({"order": "shuffled"}, "order='shuffled': must be one of 'quasi_random', 'random' or 'sequential'"),
+    ({"decode": "tpu"}, "decode='tpu': must be one of 'cpu' or 'gpu'"),
+    ({"on_error": "ignore"}, "on_error='ignore': must be one of 'raise', 'skip' or None"),
+    ({"device": "gpu"}, "device='gpu': must be a torch.device"), ({"drop_last": "yes"}, "drop_last='yes'"),
+    ({"seed": -1}, "seed=-1: must be an integer from 0 to 2**63 - 1"), ({"start_epoch": -1}, "start_epoch=-1"),
+    ({"start_epoch": 2**31}, "start_epoch=2147483648: must be an integer from 0 to 2147483647"),
+    ({"crop": "center"}, "crop='center': must be a stoker.CropSpec or None"),
+    ({"transform": 5}, "transform=5: must be callable"),
+    ({"rank": 2, "world_size": 2, "seed": 0}, "rank=2: must be an integer from 0 to 1 (world_size=2)"),
+    ({"world_size": 0}, "world_size=0: must be an integer from 1"),
+]
+
+
+@pytest.mark.parametrize(("options", "says"), LOADER_OPTIONS)
+def test_every_loader_option_is_checked_naming_it_and_what_it_takes(packed, options, says):
+    with pytest.raises(OptionError) as refused:
+        stoker.Loader(stoker.ShardDataset(packed), **{"batch_size": 8, **options})
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"window": 0}, "window=0"), ({"batch_size": 0}, "batch_size=0"), ({"seed": 1.5}, "seed=1.5"),
+    ({"start_epoch": -2}, "start_epoch=-2"), ({"shuffle": "yes"}, "shuffle='yes': must be one of True or False"),
+    ({"drop_last": 1}, "drop_last=1: must be one of False or True"), ({"readahead": None}, "readahead=None"),
+    ({"num_replicas": 0}, "num_replicas=0: must be an integer from 1"),
+])
+def test_every_sampler_option_is_checked_naming_it(packed, options, says):
+    with pytest.raises(OptionError, match=re.escape(says)):
+        stoker.QuasiRandomSampler(stoker.ShardDataset(packed), **options)
 
 
 def test_a_bad_option_from_the_real_command_exits_1_without_a_traceback(tmp_path):

@@ -191,16 +191,16 @@ def test_a_batch_size_that_keeps_neither_batch_is_refused_saying_what_works():
 def test_a_version_2_state_resumes_on_one_rank_and_is_refused_from_several(packed):
     dataset = stoker.ShardDataset(packed)
     crop = stoker.CropSpec("resize", size=(8, 8), flip=False)
-    saved = stoker.Loader(dataset, 8, crop=crop).state_dict()
+    saved = stoker.Loader(dataset, 8, crop=crop, seed=0).state_dict()
     version_2 = {**{k: v for k, v in saved.items() if k not in ("mix", "consumed")}, "stoker_state": 2,
                  "samples_done": 24}
-    loader = stoker.Loader(dataset, 4, crop=crop, rank=1, world_size=2)  # the same global batch
+    loader = stoker.Loader(dataset, 4, crop=crop, rank=1, world_size=2, seed=0)  # the same global batch
     loader.load_state_dict(version_2)
     assert loader.state_dict()["samples_done"] == 24 and len(loader) == len(dataset) // 8  # a whole epoch
     with pytest.raises(StateError, match=r"version 2 record saved on 2 ranks.*set_epoch\(0\)"):
         loader.load_state_dict({**version_2, "world_size": 2})
     sampler_2 = {**version_2, "part": "QuasiRandomSampler", "batch_size": None, "order": "quasi_random"}
-    sampler = stoker.QuasiRandomSampler(dataset, num_replicas=3, rank=0)
+    sampler = stoker.QuasiRandomSampler(dataset, num_replicas=3, seed=0, rank=0)
     sampler.load_state_dict(sampler_2)
     assert sampler.state_dict(0)["samples_done"] == 24
 

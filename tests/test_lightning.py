@@ -166,3 +166,27 @@ def test_a_loader_alone_gives_lightning_every_epoch(numbered, tmp_path):
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(Bare(NUMBERED), train_dataloaders=loader)
     assert seen == Counter((epoch, label) for epoch in (0, 1) for label in range(NUMBERED))
+
+
+def test_a_stoker_validation_loader_covers_every_sample_after_the_sanity_check(numbered, tmp_path):
+    """Lightning's default sanity check takes 2 validation batches and leaves the pass; every validation
+    afterwards must still cover the whole set (it covered 18 of 50 samples when a pass left early was resumed)."""
+    import lightning as L
+
+    import stoker
+
+    class Validated(example().Classifier):
+        def validation_step(self, batch, batch_idx):
+            if not self.trainer.sanity_checking:
+                validated.update((self.current_epoch, label) for label in batch[1].tolist())
+
+    validated: Counter = Counter()
+    crop = stoker.CropSpec("center", size=(16, 16), flip=False)
+    train = stoker.Loader(stoker.ShardDataset(numbered), BATCH, crop=crop, threads=1, seed=0)
+    val = stoker.Loader(stoker.ShardDataset(numbered), BATCH, crop=crop, threads=1, order="sequential")
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    assert trainer.num_sanity_val_steps == 2
+    trainer.fit(Validated(NUMBERED), train_dataloaders=train, val_dataloaders=val)
+    assert validated == Counter((epoch, label) for epoch in (0, 1) for label in range(NUMBERED))

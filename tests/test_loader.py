@@ -135,9 +135,11 @@ def test_region_decode_gives_the_pixels_of_a_whole_image_decode(packed, monkeypa
 
 def _rank_main(rank: int, port: int, root: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(rank)  # the ranks' generators differ: rank 0's drawn seed must reach rank 1
     loader = stoker.Loader(stoker.ShardDataset(root), 7, threads=2, crop=stoker.CropSpec(size=(16, 16)))
+    sampler = stoker.QuasiRandomSampler(stoker.ShardDataset(root))
     count = sum(1 for _ in loader)
-    np.save(Path(out) / f"rank{rank}.npy", np.append(loader.indices(0), count))
+    np.save(Path(out) / f"rank{rank}.npy", np.append(loader.indices(0), [count, loader.seed, sampler.seed]))
     dist.destroy_process_group()
 
 
@@ -147,8 +149,9 @@ def test_ddp_ranks_get_disjoint_equal_shares(packed, tmp_path):
         port = s.getsockname()[1]
     mp.spawn(_rank_main, args=(port, str(packed), str(tmp_path)), nprocs=2, join=True)
     shares = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
-    counts = [int(s[-1]) for s in shares]
-    indices = [set(s[:-1].tolist()) for s in shares]
+    counts = [int(s[-3]) for s in shares]
+    indices = [set(s[:-3].tolist()) for s in shares]
+    assert shares[0][-2] == shares[1][-2] and shares[0][-1] == shares[1][-1], "one seed, rank 0's draw, on every rank"
     assert counts[0] == counts[1] == -(-(PHOTOS // 2) // 7)
     assert indices[0].isdisjoint(indices[1]) and indices[0] | indices[1] == set(range(PHOTOS))
 

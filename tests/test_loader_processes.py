@@ -71,8 +71,8 @@ def test_explain_says_processes_and_threads(packed):
     assert "3 worker processes of 2 threads each" in loader.explain()
 
 
-@pytest.mark.parametrize("options, message", [(dict(threads=0), "threads must be at least 1"),
-                                              (dict(processes=-1), "processes must be 0")])
+@pytest.mark.parametrize("options, message", [(dict(threads=0), "threads=0: must be an integer from 1 to 4096"),
+                                              (dict(processes=-1), "processes=-1: must be an integer from 0 to 1024")])
 def test_bad_counts_are_refused(packed, options, message):
     with pytest.raises(ValueError, match=message):
         stoker.Loader(stoker.ShardDataset(packed), 16, **options)

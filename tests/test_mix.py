@@ -119,6 +119,12 @@ def _mix(halves, weights=None, **options) -> stoker.Mix:
     return stoker.Mix(sources, weights or {"web": 0.7, "books": 0.3}, **options)
 
 
+def test_weights_whose_sum_overflows_are_still_their_shares(halves):
+    assert _mix(halves, {"web": 1e308, "books": 1e308}).weights == {"web": 0.5, "books": 0.5}
+    assert _mix(halves, {"web": 1.5e308, "books": 5e307}).weights == {"web": 0.75, "books": 0.25}
+    assert _mix(halves, {"web": 5e-324, "books": 5e-324}).weights == {"web": 0.5, "books": 0.5}
+
+
 def test_labels_say_their_source(halves):
     mix = _mix(halves)
     web, books = mix.sources

@@ -14,6 +14,7 @@ import torch.utils.data
 import stoker
 from stoker.data.order import block_bounds, classes_per_batch, quasi_random_order, rank_positions
 from stoker.data.readahead import BlockReadahead
+from stoker.errors import OptionError
 from stoker.storage import evict, willneed
 from stoker.storage.pagecache import _readahead_cap
 
@@ -98,7 +99,7 @@ def test_sampler_on_a_real_data_set(packed):
     assert list(sampler) != first
     shares = [list(stoker.QuasiRandomSampler(dataset, seed=0, num_replicas=3, rank=r)) for r in range(3)]
     assert len({len(s) for s in shares}) == 1 and set().union(*shares) == set(range(len(dataset)))
-    with pytest.raises(ValueError, match="rank 3 out of range"):
+    with pytest.raises(OptionError, match=r"rank=3: must be an integer from 0 to 2 \(num_replicas=3\)"):
         stoker.QuasiRandomSampler(dataset, num_replicas=3, rank=3)
 
 

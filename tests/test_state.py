@@ -152,24 +152,24 @@ def test_a_state_for_other_data_or_a_batch_size_that_keeps_no_batch_is_refused(p
     other = tmp_path / "other"
     stoker.pack(photos, other, shard_bytes=300_000, progress=False)
     dataset = stoker.ShardDataset(packed)
-    state = stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2).state_dict()
-    cases = {"another data set": stoker.Loader(stoker.ShardDataset(other), BATCH, crop=CROP, rank=0, world_size=2),
+    state = stoker.Loader(dataset, BATCH, crop=CROP, rank=0, world_size=2, seed=0).state_dict()
+    cases = {"another data set": stoker.Loader(stoker.ShardDataset(other), BATCH, crop=CROP, rank=0, world_size=2, seed=0),
              # neither the global batch (16) nor the per-rank batch (8): what would work is said
              r"same global batch \(batch_size=16 on 1 ranks\) or the same per-rank batch \(batch_size=8\)":
                  stoker.Loader(dataset, BATCH * 3, crop=CROP),
              r"16 does not divide by 3 \(it does on 1, 2, 4, 8, 16 ranks\)":
-                 stoker.Loader(dataset, 5, crop=CROP, rank=0, world_size=3),
+                 stoker.Loader(dataset, 5, crop=CROP, rank=0, world_size=3, seed=0),
              "written by a stoker.Loader": stoker.QuasiRandomSampler(dataset)}
     for what, reader in cases.items():
         with pytest.raises(StateError, match=what):
             reader.load_state_dict(state)
     # both ways that keep a batch are taken: the same global batch, the same per-rank batch
     stoker.Loader(dataset, BATCH * 2, crop=CROP).load_state_dict(state)
-    stoker.Loader(dataset, BATCH, crop=CROP, rank=2, world_size=3).load_state_dict(state)
-    sampler_state = stoker.QuasiRandomSampler(dataset, batch_size=4).state_dict(16)
+    stoker.Loader(dataset, BATCH, crop=CROP, rank=2, world_size=3, seed=0).load_state_dict(state)
+    sampler_state = stoker.QuasiRandomSampler(dataset, batch_size=4, seed=0).state_dict(16)
     with pytest.raises(StateError, match=r"global batch 4\) and a stoker.QuasiRandomSampler has 3 ranks"):
-        stoker.QuasiRandomSampler(dataset, num_replicas=3, rank=1, batch_size=2).load_state_dict(sampler_state)
-    stoker.QuasiRandomSampler(dataset, num_replicas=2, rank=1, batch_size=2).load_state_dict(sampler_state)
+        stoker.QuasiRandomSampler(dataset, num_replicas=3, seed=0, rank=1, batch_size=2).load_state_dict(sampler_state)
+    stoker.QuasiRandomSampler(dataset, num_replicas=2, seed=0, rank=1, batch_size=2).load_state_dict(sampler_state)
     with pytest.raises(StateError, match="earlier versions shuffled differently"):
         stoker.Loader(dataset, BATCH, crop=CROP).load_state_dict({"epoch": 0, "batches_done": 2, "seed": 0})
 

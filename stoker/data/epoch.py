@@ -19,7 +19,8 @@ what decides the sequence: :class:`BlockOrder` over one data set's blocks (the s
 chunks); a mixture of data sets (:class:`stoker.data.mix_plan.MixOrder`) stratifies each chunk,
 including the short ones at the epoch's end, so its sequence from ``start`` also depends on the
 chunks the rest is dealt in and on each source's samples consumed before ``start`` (a resume
-state records them). Everything but :func:`resolve_rank` is a pure function of its arguments.
+state records them). Everything but :func:`resolve_rank` and :func:`resolve_seed` (which ask
+torch.distributed) is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from stoker.data.order import quasi_random_order, rank_positions
+from stoker.errors import OptionError
+from stoker.ranges import ORDER, SEED, WORLD_SIZE, Range
 
 Order = Literal["quasi_random", "random", "sequential"]
-ORDERS = ("quasi_random", "random", "sequential")
+ORDERS: tuple[Order, ...] = ORDER.values
 
 
 class EpochOrder(Protocol):
@@ -122,6 +126,12 @@ class RankBatches:
         in_last = left // self.world_size + (self.rank < left % self.world_size)  # this rank's part of a short last one
         return full + (in_last > 0)
 
+    @property
+    def samples(self) -> int:
+        """This rank's samples in the pass (the length of :meth:`positions`, without making it)."""
+        full, left = divmod(self.end - self.origin, self.world_size * self.batch_size)
+        return full * self.batch_size + left // self.world_size + (self.rank < left % self.world_size)
+
     def positions(self) -> np.ndarray:
         """This rank's global positions in the pass, batch after batch."""
         return self.origin + rank_positions(self.end - self.origin, self.world_size, self.rank, self.batch_size)
@@ -192,16 +202,49 @@ def plan_epoch(order: EpochOrder, *, seed: int, epoch: int, start: int, world_si
     return EpochPlan(epoch, rest[batches.positions() - start], batches, order.tally(rest, chunks, consumed))
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def resolve_rank(rank: int | None, world_size: int | None, world_name: str = "world_size") -> tuple[int, int]:
     """Rank and world size: as given, else torch.distributed's, else the RANK / WORLD_SIZE that
-    torchrun sets, else (0, 1)."""
+    torchrun sets, else (0, 1). Out of range: OptionError naming the argument (the world size's is
+    ``world_name``: a sampler's ``num_replicas``) or the variable."""
     if rank is None or world_size is None:
         if dist.is_available() and dist.is_initialized():
             found = dist.get_rank(), dist.get_world_size()
         else:
-            found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+            found = _environ_int("RANK", 0), _environ_int("WORLD_SIZE", 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} out of range for world size {world_size}")
+    Range(world_name, "", WORLD_SIZE.low, WORLD_SIZE.high).check(world_size)
+    if not Range("rank", "", 0, world_size - 1).accepts(rank):
+        raise OptionError(f"rank={rank!r}: must be an integer from 0 to {world_size - 1} ({world_name}={world_size})")
     return rank, world_size
+
+
+def resolve_seed(seed: int | None, rank: int, world_size: int, reader: str) -> tuple[int, str]:
+    """The seed of ``reader``'s orders and draws, and where it came from (for explain()): as given;
+    else drawn from torch's global generator, as a DataLoader's RandomSampler draws its own, so a
+    run seeded with ``torch.manual_seed`` repeats and an unseeded one does not replay another's.
+    Several ranks must agree: rank 0's draw is sent to the others over torch.distributed when the
+    ranks are its group's (every rank makes its reader, as a DDP script does); without a process
+    group they cannot agree, so ``seed`` must be given (OptionError)."""
+    if seed is not None:
+        return SEED.check(seed), "given (seed=)"
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler's draw: 0 to 2**63 - 1
+    if world_size == 1:
+        return drawn, "drawn from torch's global generator (torch.manual_seed before making it repeats it)"
+    if dist.is_available() and dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (rank, world_size):
+        shared = [drawn]
+        dist.broadcast_object_list(shared, src=0)
+        return int(shared[0]), ("rank 0's draw from torch's global generator, sent to every rank over "
+                                "torch.distributed (torch.manual_seed before making it repeats it)")
+    raise OptionError(f"{reader}: seed=None on rank {rank} of {world_size} without a torch.distributed process group "
+                      "of those ranks, so the ranks cannot share a drawn seed and would read different orders: pass "
+                      "seed= (the same on every rank), or make it after torch.distributed.init_process_group()")
+
+
+def _environ_int(name: str, default: int) -> int:
+    """An integer environment variable (torchrun's RANK, WORLD_SIZE); OptionError naming it when it is not one."""
+    text = os.environ.get(name)
+    try:
+        return default if text is None else int(text)
+    except ValueError:
+        raise OptionError(f"the environment variable {name}={text!r} must be an integer (torchrun sets it)") from None

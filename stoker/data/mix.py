@@ -30,7 +30,7 @@ from stoker.data.mix_plan import EXHAUSTED, Exhausted, MixOrder, MixSpec, exact_
 from stoker.data.readahead import Lookahead, block_bounds_of, open_blocks
 from stoker.data.readers import ReadBuffer
 from stoker.data.shards import ShardSet
-from stoker.errors import CorruptDataError, StokerError
+from stoker.errors import CorruptDataError, OptionError, StokerError
 
 
 class ClipSet(Protocol):
@@ -92,15 +92,15 @@ class Mix(torch.utils.data.Dataset):
     def __init__(self, sources: Mapping[str, ShardDataset | ClipSet], weights: Mapping[str, float] | None = None, *,
                  epoch_size: int | None = None, exhausted: Exhausted = "repeat") -> None:
         if not sources:
-            raise ValueError("Mix needs at least one source")
+            raise OptionError("Mix needs at least one source")
         for name, source in sources.items():
             if not isinstance(name, str) or not name:
-                raise ValueError(f"Mix's sources are named by non-empty strings, got {name!r}")
-            if not isinstance(source, ShardDataset) and not _is_clip_set(source):
+                raise OptionError(f"Mix's sources are named by non-empty strings, got {name!r}")
+            if not isinstance(source, ShardDataset) and not is_clip_set(source):
                 raise TypeError(f"Mix source {name!r} is a {type(source).__name__}: Mix mixes ShardDatasets "
                                 "or VideoClipDatasets")
             if isinstance(source, ShardDataset) and source.target_transform is not None:
-                raise ValueError(f"Mix source {name!r} has a target_transform: Mix shifts each source's labels into "
+                raise OptionError(f"Mix source {name!r} has a target_transform: Mix shifts each source's labels into "
                                  "one class space, so give none (transform the Mix's labels instead)")
             if len(source) == 0:
                 raise StokerError(f"{source.root}: Mix source {name!r} has no samples")
@@ -110,18 +110,20 @@ class Mix(torch.utils.data.Dataset):
         self.layout = _clip_layout(sources) if self.clips else None  # the clips' (THWC or TCHW), one for all
         given = dict(weights) if weights is not None else {n: len(s) for n, s in sources.items()}
         if set(given) != set(self.names):
-            raise ValueError(f"Mix's weights name {sorted(given)}, its sources {sorted(self.names)}: name each once")
+            raise OptionError(f"Mix's weights name {sorted(given)}, its sources {sorted(self.names)}: name each once")
         for name, w in given.items():
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-                raise ValueError(f"Mix weight of {name!r} must be a positive number, got {w!r}")
-        self.weights = {n: given[n] / sum(given.values()) for n in self.names}
+                raise OptionError(f"Mix weight of {name!r} must be a positive number, got {w!r}")
         self._exact = exact_weights([given[n] for n in self.names])
+        # Shares from the exact ratios (Python's int / int rounds correctly): a float sum of the given
+        # weights overflows (1e308 each) and would make every share 0.0.
+        self.weights = {n: w / sum(self._exact) for n, w in zip(self.names, self._exact)}
         if exhausted not in EXHAUSTED:
-            raise ValueError(f"exhausted must be 'repeat' or 'end', got {exhausted!r}")
+            raise OptionError(f"exhausted must be 'repeat' or 'end', got {exhausted!r}")
         self.exhausted = exhausted
         sizes = [len(s) for s in self.sources]
         if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, int) or epoch_size < 1):
-            raise ValueError(f"epoch_size must be a positive number of samples, got {epoch_size!r}")
+            raise OptionError(f"epoch_size must be a positive number of samples, got {epoch_size!r}")
         self.epoch_size = epoch_size if epoch_size is not None else sum(sizes)
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._label_counts = [_class_count(name, s) for name, s in zip(self.names, self.sources)]
@@ -337,7 +339,7 @@ class MixLookahead:
             part.close()
 
 
-def _is_clip_set(source: object) -> bool:
+def is_clip_set(source: object) -> bool:
     """Whether ``source`` is a stoker.VideoClipDataset (none exists before its module is imported,
     so looked up there, not imported: stoker.video, and PyAV, stay out of this layer)."""
     video = sys.modules.get("stoker.video.dataset")
@@ -346,7 +348,7 @@ def _is_clip_set(source: object) -> bool:
 
 def _one_kind(sources: Mapping[str, ShardDataset | ClipSet]) -> bool:
     """Whether ``sources`` are video clip sets (else image sets): one kind, or a TypeError naming each."""
-    clips = [name for name, source in sources.items() if _is_clip_set(source)]
+    clips = [name for name, source in sources.items() if is_clip_set(source)]
     if clips and len(clips) < len(sources):
         images = [name for name in sources if name not in clips]
         raise TypeError(f"Mix mixes sources of one kind: {images} are image sets (ShardDataset), {clips} video clip "
@@ -360,7 +362,7 @@ def _clip_layout(sources: Mapping[str, ShardDataset | ClipSet]) -> str:
               if not isinstance(s, ShardDataset)}
     if len(set(shapes.values())) > 1:
         given = ", ".join(f"{name}: clip_len={n}, clips_per_video={c}, layout={lay}" for name, (n, c, lay) in shapes.items())
-        raise ValueError(f"Mix's clip sets give clips of different shapes ({given}): a batch stacks them, so give "
+        raise OptionError(f"Mix's clip sets give clips of different shapes ({given}): a batch stacks them, so give "
                          "every source the same clip_len, clips_per_video and layout")
     return next(iter(shapes.values()))[2]
 

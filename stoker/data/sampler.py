@@ -9,17 +9,20 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import BlockOrder, EpochPlan, RankBatches, plan_epoch, rank_batches, resolve_rank
+from stoker.data.epoch import BlockOrder, EpochPlan
 from stoker.data.mix import Mix
 from stoker.data.mix_plan import MixOrder
-from stoker.data.readable import consumed_of, epoch_order_of, identity_of, reads_ahead
-from stoker.ranges import SEED
-from stoker.state import Position, StateError
+from stoker.data.passes import Passes, PassesReader
+from stoker.data.readable import reads_ahead
+from stoker.errors import OptionError
+from stoker.ranges import Choice
+from stoker.state import StateError
 
 _HINT_EVERY = 64
+SHUFFLE, READAHEAD = Choice("shuffle", (True, False)), Choice("readahead", (True, False))
 
 
-class QuasiRandomSampler(torch.utils.data.Sampler[int]):
+class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
     """Each epoch: shuffle blocks of consecutive samples (``dataset``'s ``block_bytes``, 8 MiB by
     default), then draw samples at random from ``window`` blocks open at a time.
 
@@ -31,8 +34,17 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
     batch of the DataLoaders of all ranks is a contiguous slice of the sequence. Nothing is
     repeated: the last global batch, when short, is split near-evenly (with fewer samples than
     ranks, the last ranks end the epoch one step early); ``drop_last`` drops it, so every rank makes
-    the same number of steps (pass the DataLoader's ``batch_size`` for that). Call :meth:`set_epoch`
-    each epoch, as with DistributedSampler. :meth:`state_dict` counts the samples of the epoch
+    the same number of steps (pass the DataLoader's ``batch_size`` for that).
+
+    Passes keep a DataLoader's contract (stoker/data/passes.py, as stoker.Loader's): each ``iter()``
+    is a whole pass over the current epoch, unless a state was loaded since the last pass began; a
+    pass yielded whole advances the epoch (so a loop that never calls :meth:`set_epoch` gets fresh
+    orders, as with ``shuffle=True``), a pass left early does not. :meth:`set_epoch` (as with
+    DistributedSampler) and ``start_epoch`` name the next pass's epoch. Without ``seed``, it is drawn
+    from torch's global generator, as RandomSampler draws its own (``torch.manual_seed`` before
+    making the sampler repeats a run; under DDP rank 0's draw is sent to every rank over
+    torch.distributed, and without a process group ``seed`` must be given: the ranks must agree).
+    :meth:`state_dict` counts the samples of the epoch
     consumed by all ranks, so rank 0's state resumes every rank, on this world size or another:
     with the same global batch (``batch_size * num_replicas`` unchanged) or the same ``batch_size``
     (see docs/distributed.md). The first read-ahead groups of each epoch are small (2, 4, 8 blocks)
@@ -56,7 +68,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         dataset: ShardDataset | Mix,
         *,
         window: int = 16,
-        seed: int = 0,
+        seed: int | None = None,
+        start_epoch: int = 0,
         shuffle: bool = True,
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -64,39 +77,25 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         readahead: bool = True,
         batch_size: int | None = None,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
         if batch_size is None and isinstance(dataset, Mix):
-            raise ValueError("QuasiRandomSampler over a Mix needs batch_size= (the DataLoader's): each batch is "
-                             "stratified to the mix's weights")
-        batch_size = 1 if batch_size is None else batch_size
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.rank, self.num_replicas = resolve_rank(rank, num_replicas)
+            raise OptionError("QuasiRandomSampler over a Mix needs batch_size= (the DataLoader's): each batch is "
+                              "stratified to the mix's weights")
         self.dataset = dataset
-        self.seed = SEED.check(seed)
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.readahead = readahead
-        self.batch_size = batch_size
-        self.epoch = 0
-        self._pass_start = 0  # samples of this epoch consumed (all ranks) before the pass: after load_state_dict, not 0
-        self._pass_done = False  # the pass reached the end (DataLoader workers may still be delivering it)
-        self._order = epoch_order_of(dataset, "quasi_random" if shuffle else "sequential", window)
-        self._identity = identity_of(dataset)  # what a state names the data by
+        self.shuffle = SHUFFLE.check(shuffle)
+        self.readahead = READAHEAD.check(readahead)
+        self._passes = Passes("QuasiRandomSampler", dataset, "quasi_random" if shuffle else "sequential", window,
+                              seed=seed, start_epoch=start_epoch, rank=rank, world_size=num_replicas,
+                              batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
+                              world_name="num_replicas")
+        self.rank, self.num_replicas = self._passes.rank, self._passes.world_size
+        self.batch_size, self.drop_last = self._passes.batch_size, self._passes.drop_last
+        self._order = self._passes.epoch_order
         self.window = self._order.window
         if isinstance(dataset, ShardDataset):
             assert isinstance(self._order, BlockOrder)
             self.shards, self.bounds = dataset.shards, self._order.bounds
         self.total_samples = len(self._order)  # all ranks; len(self) is this rank's part
-        self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source before the pass
         self._pass_plan: EpochPlan | None = None  # the plan of the pass last started (a Mix's state counts from it)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` (same on every rank). A resume point loaded for this epoch is kept."""
-        if epoch != self.epoch:
-            self._pass_start, self._pass_done, self._consumed = 0, False, None
-        self.epoch = epoch
 
     def state_dict(self, samples_done: int | None = None) -> dict[str, Any]:
         """The position to resume from after this rank's loop has consumed ``samples_done`` samples of
@@ -104,44 +103,53 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
         cannot know what DataLoader workers fetched ahead), every rank as many (ranks step together).
         The state holds the position in the epoch's global sequence (a :class:`stoker.state.Position`),
         so rank 0's serves every rank; save it with the model's checkpoint. ``samples_done`` must be
-        a multiple of ``batch_size`` (or all of the pass)."""
+        a multiple of ``batch_size`` (or all of the pass, a last partial batch counted whole: past
+        the pass by less than a ``batch_size``; StateError beyond that)."""
         if samples_done is None:
             raise TypeError("QuasiRandomSampler.state_dict needs samples_done: the samples of this pass the "
                             "training loop consumed (DataLoader workers read ahead of it)")
-        if samples_done < 0:
-            raise ValueError(f"samples_done must be >= 0, got {samples_done}")
-        batches = self._batches()
-        if samples_done >= len(batches.positions()):
-            return self._position(batches.end, self._pass_consumed(len(batches))).to_dict()
+        cursor = self._passes.cursor
+        batches = self._passes.batches(cursor.position)
+        if not isinstance(samples_done, int) or isinstance(samples_done, bool) or samples_done < 0:
+            raise OptionError(f"samples_done={samples_done!r}: must be an integer >= 0 (the samples of this pass the "
+                              "training loop consumed)")
+        over = samples_done - batches.samples
+        if self.batch_size > 1 and over >= self.batch_size:  # (sample by sample, the loop's batch is unknown)
+            raise StateError(f"samples_done={samples_done} is past the end of this rank's pass of {batches.samples} "
+                             f"samples by a batch_size={self.batch_size} or more: count the samples this pass's loop "
+                             "consumed (its steps x batch_size), not those of several passes or of all ranks")
+        if over >= 0:
+            return self._passes.record(batches.end, self._pass_consumed(len(batches))).to_dict()
         if samples_done % self.batch_size:
             raise ValueError(f"samples_done={samples_done} is not a multiple of the sampler's batch_size="
                              f"{self.batch_size}: only whole chunks of every rank are a prefix of the epoch's order "
                              "(give the sampler the DataLoader's batch_size, or 1)")
         made = samples_done // self.batch_size
-        return self._position(batches.samples_done(made), self._pass_consumed(made)).to_dict()
+        return self._passes.record(batches.samples_done(made), self._pass_consumed(made)).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next pass yields this rank's part of the rest of ``state``'s epoch, the passes
         after it whole epochs. The state may come from another world size (rank 0's serves every
         rank): with the same global batch or the same ``batch_size``. A state saved for another
         data set, order (``shuffle``, ``window``, the data set's blocks, ``drop_last``), with a
-        batch size that keeps neither, or by another part is refused (StateError); the state's seed
-        is taken (a StateWarning when it is not this sampler's)."""
-        saved, _ = Position.from_dict(state, "QuasiRandomSampler").resumed_by(self._position(0))
-        if saved.samples_done > self.total_samples:
-            raise StateError(f"samples_done={saved.samples_done} is outside the epoch of {self.total_samples} samples")
-        self.epoch, self._pass_start, self.seed = saved.epoch, saved.samples_done, saved.seed
-        self._pass_done, self._consumed = False, saved.consumed
+        batch size that keeps neither, or by another part is refused (StateError). The state's
+        seed is taken (with a StateWarning when ``seed=`` was given and differs)."""
+        self._passes.load(state)
 
     def order(self) -> np.ndarray:
-        """This rank's sample indices for a whole pass over the current epoch, from its start."""
-        return self._plan(0).share
+        """This rank's sample indices for a whole pass over the current epoch (:attr:`epoch`), from its start."""
+        return self._passes.plan(self.epoch, 0).share
 
     def __iter__(self) -> Iterator[int]:
-        if self._pass_done:  # the previous pass finished its epoch: this one starts it again
-            self._pass_start, self._pass_done, self._consumed = 0, False, None
-        self._pass_plan = self._plan(self._pass_start)
-        share = self._pass_plan.share
+        """A new pass (see stoker/data/passes.py); it begins when its first index is asked for."""
+        return self._pass(self._passes.begin())
+
+    def _pass(self, number: int) -> Iterator[int]:
+        cursor = self._passes.cursor
+        if self._passes.latest(number):
+            cursor.started()
+        plan = self._pass_plan = self._passes.plan(cursor.epoch, cursor.position, cursor.consumed)
+        share = plan.share
         # DataLoader workers read in other processes: blocks of an object store fetched here would go unread.
         ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead, reads_here=False)
         try:
@@ -149,36 +157,21 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int]):
                 ahead.advance(start)
                 yield from share[start : start + _HINT_EVERY].tolist()
             ahead.advance(len(share))
-            self._pass_done = True
+            if self._passes.latest(number):  # the next pass reads the next epoch (not yet: workers may be delivering)
+                cursor.finished = True
         finally:
             ahead.close()
 
     def __len__(self) -> int:
-        return len(self._batches(0 if self._pass_done else self._pass_start).positions())
-
-    def _plan(self, start: int) -> EpochPlan:
-        return plan_epoch(self._order, seed=self.seed, epoch=self.epoch, start=start,
-                          world_size=self.num_replicas, rank=self.rank, batch_size=self.batch_size,
-                          drop_last=self.drop_last, consumed=self._consumed if start == self._pass_start else None)
+        """This rank's samples in the next pass: a whole pass's, or the rest of a loaded state's epoch."""
+        return self._passes.batches(self._passes.upcoming()[1]).samples
 
     def _pass_consumed(self, batches: int) -> tuple[int, ...] | None:
         """A Mix's samples of each source consumed once this rank's loop made ``batches`` batches of
         the current pass (None for one data set)."""
         if not isinstance(self._order, MixOrder):
             return None
-        plan = self._pass_plan
-        if plan is None or (plan.epoch, plan.batches.origin) != (self.epoch, self._pass_start):
-            plan = self._pass_plan = self._plan(self._pass_start)
+        cursor, plan = self._passes.cursor, self._pass_plan
+        if plan is None or (plan.epoch, plan.batches.origin) != (cursor.epoch, cursor.position):
+            plan = self._pass_plan = self._passes.plan(cursor.epoch, cursor.position, cursor.consumed)
         return plan.consumed(batches)
-
-    def _batches(self, start: int | None = None) -> RankBatches:
-        return rank_batches(self.total_samples, start=self._pass_start if start is None else start,
-                            world_size=self.num_replicas, rank=self.rank, batch_size=self.batch_size,
-                            drop_last=self.drop_last)
-
-    def _position(self, samples_done: int, consumed: tuple[int, ...] | None = None) -> Position:
-        window, blocks = self._order.settings()
-        dataset, mix = self._identity
-        return Position("QuasiRandomSampler", dataset, self.seed, self.epoch, self.num_replicas, self.rank,
-                        self.batch_size, self._order.order, window, blocks, self.drop_last, samples_done, mix,
-                        consumed_of(self.dataset, consumed))

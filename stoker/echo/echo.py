@@ -7,7 +7,9 @@ pipeline cannot keep up, and, in adaptive mode, only then.
 
 The upstream thread reads ahead of the training loop, so the wrapped loader's own position runs
 ahead of what was consumed; Echo's state is the loader's position after the last fresh batch the
-loop was served (see :meth:`Echo.state_dict`).
+loop was served (see :meth:`Echo.state_dict`). Its passes are the wrapped loader's: each
+``iter()`` starts one (a whole pass over the current epoch, or the rest of a loaded state's), as
+a DataLoader's would.
 """
 
 from __future__ import annotations
@@ -136,12 +138,14 @@ class Echo:
         return self._run()
 
     def _run(self) -> Iterator[Any]:
-        """One pass over the loader: every fresh batch once, echoes between them. A pass left early
-        puts a stateful loader back after the last fresh batch served, so the next pass goes on
-        from there, not from what the upstream thread had fetched ahead."""
+        """One pass over the loader: every fresh batch once, echoes between them. Left early, the
+        state stays what the loop was served (the upstream thread fetched ahead of it), and the
+        next pass is the loader's next: its epoch again, from the start."""
+        batches = iter(self.loader)  # here, not in the upstream thread: the pass starts where the loader says now
         self._consumed_state = state_of(self.loader, 0) if self._stateful else None
         self._fresh_in_pass = 0
-        upstream = _Upstream(self.loader, self.prefetch, self._stateful)
+        upstream = _Upstream(batches, self.loader, self.prefetch, self._stateful)
+        del batches  # the thread's alone: when it stops, the loader's pass ends (its threads stop)
         finished = False
         memory = _Memory(self.mode, self.buffer_batches, self.rng, self.limit, strict=not self.adaptive)
         clock = time.perf_counter
@@ -179,9 +183,8 @@ class Echo:
             finished = True
         finally:
             upstream.stop()
-            if self._stateful and not finished:
-                upstream.join()
-                self.loader.load_state_dict(self._consumed_state)  # type: ignore[attr-defined]
+            if not finished:
+                upstream.join()  # it lets go of the loader's pass before another can start
 
     def _echo(self, memory: _Memory) -> Any | None:
         """An echoed batch, when the limits allow one."""
@@ -247,15 +250,16 @@ class _Memory:
 
 
 class _Upstream:
-    """A thread that pulls fresh batches from the loader into a bounded queue, each with the
-    loader's state right after it (``stateful`` loaders; else None), taken in this thread where
-    the loader is paused at that batch."""
+    """A thread that pulls fresh batches of one pass (``batches``, an iterator over ``loader``) into
+    a bounded queue, each with the loader's state right after it (``stateful`` loaders; else None),
+    taken in this thread where the loader is paused at that batch."""
 
-    def __init__(self, loader: Iterable[Any], prefetch: int, stateful: bool) -> None:
+    def __init__(self, batches: Iterator[Any], loader: Iterable[Any], prefetch: int, stateful: bool) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stopped = threading.Event()
         self._stateful = stateful
-        self._thread = threading.Thread(target=self._pull, args=(loader,), name="stoker-echo-upstream", daemon=True)
+        self._thread = threading.Thread(target=self._pull, args=(batches, loader), name="stoker-echo-upstream",
+                                        daemon=True)
         self._thread.start()
 
     def poll(self) -> Any | None:
@@ -282,9 +286,9 @@ class _Upstream:
             raise value
         return value
 
-    def _pull(self, loader: Iterable[Any]) -> None:
+    def _pull(self, batches: Iterator[Any], loader: Iterable[Any]) -> None:
         try:
-            for batch in loader:
+            for batch in batches:
                 state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
                 if not self._put(("batch", (batch, state))):
                     return

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import sys
 import threading
 
 import numpy as np
 import torch
+
+from stoker.errors import OptionError
 
 _local = threading.local()
 
@@ -67,8 +70,13 @@ class BatchRing:
 
     def __init__(self, shape: tuple[int, ...], slots: int, shared: bool = False) -> None:
         self.shape, self.slots = shape, slots
-        # shared: the tensors worker processes get (torch shares their memory with fork and spawn)
-        self.shared_buffers = [torch.empty(shape, dtype=torch.uint8).share_memory_() for _ in range(slots * shared)]
+        if slots * math.prod(shape) > _physical_memory():
+            raise self._too_large(f"more than this machine's {_physical_memory() / 2**30:.1f} GiB of memory")
+        try:
+            # shared: the tensors worker processes get (torch shares their memory with fork and spawn)
+            self.shared_buffers = [torch.empty(shape, dtype=torch.uint8).share_memory_() for _ in range(slots * shared)]
+        except (RuntimeError, OSError) as e:
+            raise self._too_large(f"cannot be allocated: {e}") from None
         self._memory: list[mmap.mmap | np.ndarray] = [buffer.numpy() for buffer in self.shared_buffers]
 
     def free(self) -> int | None:
@@ -78,7 +86,10 @@ class BatchRing:
             if sys.getrefcount(memory) == self._UNHELD:
                 return slot
         if len(self._memory) < self.slots:
-            self._memory.append(_anonymous_map(math.prod(self.shape)))
+            try:
+                self._memory.append(_anonymous_map(math.prod(self.shape)))
+            except OSError as e:
+                raise self._too_large(f"cannot be allocated: {e.strerror}") from None
             return len(self._memory) - 1
         return None
 
@@ -86,10 +97,22 @@ class BatchRing:
         """The buffer of ``slot`` as a uint8 tensor of ``shape``: held until the last tensor over it is gone."""
         return mapped_pixels(self.shape, self._memory[slot])
 
+    def _too_large(self, why: str) -> OptionError:
+        """The error for buffers that do not fit: their size, and what makes them smaller."""
+        each = math.prod(self.shape)
+        return OptionError(f"the Loader's batch buffers, {self.slots} batches (prefetch + 1, or + 2 with worker "
+                           f"processes) of {self.shape[0]} samples x {each // max(self.shape[0], 1):,} bytes "
+                           f"({self.slots * each / 2**30:,.1f} GiB), {why}: lower batch_size, the crop size or prefetch")
+
     def take(self) -> torch.Tensor | None:
         """A buffer nobody holds, as a uint8 tensor of ``shape``; None when all ``slots`` are held."""
         slot = self.free()
         return None if slot is None else self.pixels(slot)
+
+
+def _physical_memory() -> int:
+    """Bytes of memory this machine has (what no set of buffers may exceed)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _anonymous_map(nbytes: int, populate: bool = True) -> mmap.mmap:

@@ -27,21 +27,24 @@ import torch
 
 from stoker.augment.pipeline import Augment
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import ORDERS, EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank
+from stoker.data.epoch import EpochPlan, Order, RankBatches
 from stoker.data.mix import Mix
-from stoker.data.readable import consumed_of, epoch_order_of, fetches_per_process, identity_of, reads_ahead
+from stoker.data.passes import Passes, PassesReader
+from stoker.data.readable import fetches_per_process, reads_ahead
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
+from stoker.errors import OptionError
+from stoker.loader.arguments import check_crop, device_of, gpu_for_decoding, maker_type, plan_transform
 from stoker.loader.batches import BatchMaker, OnError, SampleTransform, ThreadAugment
 from stoker.loader.buffers import BatchRing
 from stoker.loader.crops import CropSpec
 from stoker.loader.opencv_threads import with_one_opencv_thread
 from stoker.loader.process_batches import WorkerProcesses
+from stoker.loader.sampler_views import LoaderBatchSampler, LoaderSampler
 from stoker.loader.thread_batches import Made, made_in_threads
-from stoker.loader.torchvision_plan import PerSample, Step, TransformPlan, plan
+from stoker.loader.torchvision_plan import PerSample
 from stoker.loader.workers import FirstBatches, WorkerChoice, available_cores, choose_workers
-from stoker.ranges import SEED
-from stoker.state import Position, StateError
+from stoker.ranges import DECODE, EPOCH, LAYOUT, MP_CONTEXT, ON_ERROR, ORDER, PREFETCH, PROCESSES, THREADS
 
 if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-class Loader:
+class Loader(PassesReader):
     """Iterate ``(images, labels)`` batches of ``dataset`` (a ShardDataset), like a DataLoader.
 
     With a :class:`stoker.VideoClipDataset` (or a :class:`stoker.Mix` of them) the batches are
@@ -62,14 +65,27 @@ class Loader:
     ``crop`` says what every image becomes (see :class:`CropSpec`; default RandomResizedCrop to
     224x224 with flips). ``order``: ``quasi_random`` (default; blocks of a shard shuffled, read
     whole), ``random`` or ``sequential``. The same ``seed`` and epoch give the same order and the
-    same crops whatever ``threads`` is. Each full pass advances the epoch; a pass that was left
-    early continues where it stopped, and ``state_dict`` / ``load_state_dict`` resume mid-epoch at
-    the next unseen batch in another process (see :mod:`stoker.state`), reading nothing of the
-    epoch before that point. Batches are ``layout`` NCHW (a view of channels_last
-    memory) or NHWC; ``device`` copies them there through pinned memory. Under DDP (``rank`` and
-    ``world_size`` default to torch.distributed's, else the RANK / WORLD_SIZE environment) the
-    epoch's one global order (the same for any world size: :mod:`stoker.data.epoch`) is dealt to
-    the ranks a batch at a time, in turn, so each step's global batch is a contiguous slice of it.
+    same crops whatever ``threads`` is. Without ``seed`` it is drawn from torch's global generator,
+    as a DataLoader's RandomSampler draws its own: ``torch.manual_seed(s)`` before making the
+    Loader repeats a run, and an unseeded run does not replay another's epochs (under DDP, rank 0's
+    draw is sent to every rank over torch.distributed; without a process group, give ``seed``).
+
+    Passes keep a DataLoader's contract (stoker/data/passes.py): every ``iter()`` is a whole pass
+    over the current epoch from its start, unless :meth:`load_state_dict` loaded a state since the
+    last pass began, which the pass then resumes at the next unseen batch (reading nothing of the
+    epoch before it; see :mod:`stoker.state`). A pass handed out whole advances the epoch; a pass
+    left early (a peek, Lightning's sanity check) does not, so the next one starts that epoch
+    again. ``start_epoch`` and :meth:`set_epoch` (also ``loader.sampler.set_epoch``, as timm and
+    Lightning call it) name the epoch of the next pass. ``len`` is a whole pass's batches on this
+    rank, as a DataLoader's: a resumed pass gives the rest of them, and a trainer that counts its
+    steps (Lightning) stops at ``len``. ``sampler``, ``batch_sampler``, ``dataset``,
+    ``batch_size`` and ``drop_last`` are there as a DataLoader has them (sampler_views.py).
+
+    Batches are ``layout`` NCHW (a view of channels_last memory) or NHWC; ``device`` copies them
+    there through pinned memory. Under DDP (``rank`` and ``world_size`` default to
+    torch.distributed's, else the RANK / WORLD_SIZE environment) the epoch's one global order (the
+    same for any world size: :mod:`stoker.data.epoch`) is dealt to the ranks a batch at a time, in
+    turn, so each step's global batch is a contiguous slice of it.
     Nothing is repeated: a short last global batch is split near-evenly over the ranks (with fewer
     samples left than ranks, the last ranks end one step early); ``drop_last`` drops it, so every
     rank yields the same number of batches. The state counts the epoch's samples across all ranks:
@@ -117,7 +133,8 @@ class Loader:
         order: Order = "quasi_random",
         threads: int | None = None,
         prefetch: int = 2,
-        seed: int = 0,
+        seed: int | None = None,
+        start_epoch: int = 0,
         drop_last: bool = False,
         window: int = 16,
         layout: Literal["NCHW", "NHWC"] | None = None,
@@ -130,56 +147,42 @@ class Loader:
         decode: Literal["cpu", "gpu"] = "cpu",
         on_error: OnError | None = None,
     ) -> None:
+        self._maker_type = maker_type(dataset)  # first: anything the Loader cannot read is refused, saying so
         if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
-            raise ValueError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
-                             "pass Loader(transform=...) and a data set without transform/target_transform")
-        if order not in ORDERS:
-            raise ValueError(f"order must be quasi_random, random or sequential, got {order!r}")
-        if layout not in ("NCHW", "NHWC", None):
-            raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
-        on_error = on_error or getattr(dataset, "on_error", "raise")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise OptionError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
+                              "pass Loader(transform=...) and a data set without transform/target_transform")
+        self.order, self.decode = ORDER.check(order), DECODE.check(decode)
+        on_error = ON_ERROR.check(on_error) or getattr(dataset, "on_error", "raise")
         if on_error == "skip" and decode == "gpu":
-            raise ValueError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
+            raise OptionError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
         if isinstance(dataset, Mix) and decode == "gpu":
-            raise ValueError("decode='gpu' reads one ShardDataset: a stoker.Mix is decoded on the CPU (decode='cpu')")
-        self._maker_type = _maker_type(dataset)
+            raise OptionError("decode='gpu' reads one ShardDataset: a stoker.Mix is decoded on the CPU (decode='cpu')")
         self.dataset = dataset
-        self.batch_size = batch_size
-        self._transform_plan = _plan_transform(self._maker_type, transform, crop)
+        self._transform_plan = plan_transform(self._maker_type, transform, check_crop(crop))
         self.crop = self._transform_plan.crop
-        self.order = order
         # One more thread than cores: a thread waiting on the disk then leaves no core idle. Measured
         # here (2 cores, HDD profile, cold cache) 3 threads gave ~1,320 img/s against ~1,210 for 2;
         # with a warm cache the two were within noise (2,036 and 1,999). With processes: threads
         # per process, 1 unless given.
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        if processes is not None and processes < 0:
-            raise ValueError(f"processes must be 0 (threads only) or more, got {processes}")
+        threads = None if threads is None else THREADS.check(threads)
+        processes = None if processes is None else PROCESSES.check(processes)
         # Left to choose (neither given): threads first, then what the first batches measure (workers.py).
         self._first_batches = FirstBatches() if processes is None and threads is None and decode == "cpu" else None
         processes = processes or 0
         self.threads = threads or (1 if processes else available_cores() + 1)
         self.workers = WorkerChoice(processes, self.threads, "as given" if self._first_batches is None else
                                     "threads until the first batches are measured")
-        self.prefetch = max(1, prefetch)
-        self.seed = SEED.check(seed)
-        self.drop_last = drop_last
+        self.prefetch = PREFETCH.check(prefetch)
         # clips: the data set's layout (images: NCHW)
-        self.layout = layout or ("NHWC" if not isinstance(dataset, ShardDataset) and dataset.layout == "THWC" else "NCHW")
-        self.device = torch.device(device) if device is not None else None
-        self.decode = decode
+        self.layout = LAYOUT.check(layout) or ("NHWC" if not isinstance(dataset, ShardDataset) and
+                                               dataset.layout == "THWC" else "NCHW")
+        self.device = device_of(device)
         if decode == "gpu":
-            self.device = _gpu_for_decoding(self._maker_type, self._transform_plan, processes, self.device)
-        elif decode != "cpu":
-            raise ValueError(f"decode must be cpu or gpu, got {decode!r}")
+            self.device = gpu_for_decoding(self._maker_type, self._transform_plan, processes, self.device)
         else:
             warn_fallback_once()  # JPEGs decoded whole: the region-decode extension is missing here
-        self.rank, self.world_size = resolve_rank(rank, world_size)
         self.processes = processes
-        self.mp_context = mp_context
+        self.mp_context = MP_CONTEXT.check(mp_context)
         self.transform = transform
         needs_augment = bool(self._transform_plan.ops) or self._transform_plan.stage == "float"
         self._on_device = needs_augment and not self._transform_plan.per_sample and self.device is not None \
@@ -190,88 +193,93 @@ class Loader:
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
         self._workers: WorkerProcesses | None = None  # with processes: kept from one whole pass to the next
-        self._epoch_order = epoch_order_of(dataset, order, window)
+        # Last: with no seed given under DDP, every rank's Loader sends or takes rank 0's drawn seed here.
+        self._passes = Passes("Loader", dataset, self.order, window, seed=seed, start_epoch=start_epoch, rank=rank,
+                              world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+        self.rank, self.world_size = self._passes.rank, self._passes.world_size
+        self.batch_size, self.drop_last = self._passes.batch_size, self._passes.drop_last
+        self._epoch_order = self._passes.epoch_order
         self.window = self._epoch_order.window
-        self.epoch = 0
-        self._position = 0  # samples of this epoch's global sequence consumed, all ranks together
-        self._epoch_named = False  # set_epoch named the epoch of the next pass (at its end: an empty pass)
-        self._consumed: tuple[int, ...] | None = None  # a Mix's samples of each source at _position (None at 0)
-        self._identity = identity_of(dataset)  # what a state names the data by
         if transform is not None:
             _log.info("%s", self.explain())
 
+    @property
+    def sampler(self) -> LoaderSampler:
+        """As a DataLoader's: this rank's indices of a whole pass, whose ``set_epoch`` is the Loader's.
+        Made when asked for: a view held by the Loader would keep it (its buffers, its worker
+        processes) alive until the garbage collector finds the cycle."""
+        return LoaderSampler(self.indices, self._rank_samples, self.set_epoch)
+
+    @property
+    def batch_sampler(self) -> LoaderBatchSampler:
+        """As a DataLoader's: :attr:`sampler` cut into this rank's batches."""
+        return LoaderBatchSampler(self.sampler, self.batch_size, self.drop_last, self.__len__)
+
     def explain(self) -> str:
-        """What the loader does with its ``transform``, step by step: fused into the decode,
-        batched (and where), or per sample as given, each with the reason."""
-        maker = self._batch_maker(self._batches(self._position))
+        """What the next pass reads (epoch, where in it, seed and where the seed came from), and
+        what the loader does with its ``transform``, step by step: fused into the decode, batched
+        (and where), or per sample as given, each with the reason."""
+        maker = self._batch_maker(self._passes.batches(self._passes.upcoming()[1]))
         if self._on_device:
             where = f"stoker.augment on {self.device}, whole batches"
         else:
             where = f"stoker.augment on the CPU, {maker.augment_route()}, parameters drawn per batch"
         if self.processes:
             where += f", in {self.processes} worker processes of {self.threads} thread{'s' * (self.threads > 1)} each"
-        workers = f"  workers: {self.workers.describe()} ({self.workers.reason})"
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
+        passes = f"  next pass: {self._passes.describe_next()}"
+        workers = f"  workers: {self.workers.describe()} ({self.workers.reason})"
         route = f"  read, decode, crop: {maker.decode_route()}"
-        text = "\n".join((head, workers, route, self._transform_plan.explain(where)))
+        text = "\n".join((head, passes, workers, route, self._transform_plan.explain(where)))
         if self._transform_plan.per_sample and self.processes == 0:
             text += ("\n  note: random ops that run per sample draw from torch's and Python's global generators, as in "
                      "a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
         return text
 
     def __len__(self) -> int:
-        """Batches of a whole epoch on this rank, as a DataLoader counts them, whether or not a
-        resume (or a loop left early) has consumed part of it: a trainer that keeps its own count of
-        the steps done (Lightning restores it from its checkpoint) and stops at ``len`` ends the
-        epoch where the Loader does. After a resume that keeps the per-rank batch on more ranks, the
-        rest of the epoch has more steps than that (see docs/distributed.md)."""
-        return len(self._batches(0))
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start the next pass at the beginning of ``epoch``; where the loader stopped in it (a
-        loaded :meth:`state_dict`, or a loop left early) when it is the current epoch already. Without
-        it, a pass that starts where the last one ended, after the epoch's last batch, is the next
-        epoch's (a trainer that stops at ``len`` and calls no set_epoch, as Lightning does)."""
-        if epoch != self.epoch:
-            self._position, self._consumed = 0, None
-        self.epoch, self._epoch_named = epoch, True
+        """Batches of a whole pass over an epoch on this rank, as a DataLoader counts them: every
+        pass that no loaded state starts gives these. A resumed pass gives the rest of them; a
+        trainer that keeps its own count of the steps done (Lightning restores it from its
+        checkpoint) and stops at ``len`` ends the epoch where the Loader does. After a resume that
+        keeps the per-rank batch on more ranks, the rest of the epoch has more steps than that (see
+        docs/distributed.md)."""
+        return len(self._passes.batches(0))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is (a :class:`stoker.state.Position`): the samples of the epoch's global
         sequence consumed by all ranks, so resuming from it yields exactly the batches not yet
-        yielded, on this world size or another. Save it with the model's checkpoint, after the step
-        that used the last batch: rank 0's serves every rank (ranks step together; at the epoch's
-        last step, when the last ranks have ended one step early, only rank 0's is right)."""
-        return self._record(self.epoch, self._position).to_dict()
+        yielded, on this world size or another; after a pass left early, where it was left. Save it
+        with the model's checkpoint, after the step that used the last batch: rank 0's serves every
+        rank (ranks step together; at the epoch's last step, when the last ranks have ended one step
+        early, only rank 0's is right)."""
+        cursor = self._passes.cursor
+        return self._passes.record(cursor.position, cursor.consumed).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`, saved by any rank of any world size: the rest of its
-        epoch is dealt to this loader's ranks, with the same global batch (``batch_size *
-        world_size`` as saved; each rank's batch changes) or the same per-rank ``batch_size``. A
-        state saved for another data set, order (``order``, ``window``, the data set's blocks,
-        ``drop_last``), with a batch size that keeps neither, or by another part is refused
-        (StateError, saying what would work); the state's seed is taken (a StateWarning when it is
-        not this loader's)."""
-        saved, mode = Position.from_dict(state, "Loader").resumed_by(self._record(0, 0))
-        if saved.samples_done > len(self._epoch_order):
-            raise StateError(f"samples_done={saved.samples_done} is outside the epoch of {len(self._epoch_order)} samples")
+        """The next pass continues from a :meth:`state_dict`, saved by any rank of any world size:
+        the rest of its epoch is dealt to this loader's ranks, with the same global batch
+        (``batch_size * world_size`` as saved; each rank's batch changes) or the same per-rank
+        ``batch_size``. A state saved for another data set, order (``order``, ``window``, the data
+        set's blocks, ``drop_last``), with a batch size that keeps neither, or by another part is
+        refused (StateError, saying what would work). The state's seed is taken (with a
+        StateWarning when ``seed=`` was given and differs)."""
+        saved, mode = self._passes.load(state)
         if saved.world_size != self.world_size or saved.batch_size != self.batch_size:
             _log.info("stoker.Loader: resuming a state of %d ranks x %d on %d ranks x %d (%s)", saved.world_size,
                       saved.batch_size, self.world_size, self.batch_size, mode)
-        self.seed, self.epoch, self._position = saved.seed, saved.epoch, saved.samples_done
-        self._epoch_named = False
-        self._consumed = saved.consumed
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A new pass (see the class's docstring); it begins when its first batch is asked for."""
+        return self._pass(self._passes.begin())
+
+    def _pass(self, number: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Pass ``number``'s batches: from where the cursor is when its first batch is asked for."""
         if self._first_batches is not None and self._first_batches.result is not None:
             self._choose_workers(*self._first_batches.result)
-        if self._position and self._position >= self._batches(self._position).end and not self._epoch_named:
-            # The last pass stopped after the epoch's last batch without asking past it (Lightning
-            # stops at len()): this pass is the next epoch's. After set_epoch(this epoch) it is empty.
-            # (The epoch's end, not this rank's: a rank may have no batch left while others have one.)
-            self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
-        plan = self._plan(self.epoch, self._position, self._consumed)
-        self._epoch_named = False
+        cursor = self._passes.cursor
+        if self._passes.latest(number):
+            cursor.started()
+        plan = self._passes.plan(cursor.epoch, cursor.position, cursor.consumed)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
                             reads_here=self.processes == 0)
@@ -284,9 +292,12 @@ class Loader:
         try:
             for batch, (images, labels), skipped in batches:
                 self.skipped += skipped
-                self._position, self._consumed = plan.batches.samples_done(batch + 1), plan.consumed(batch + 1)
+                if self._passes.latest(number):  # a newer iter() owns the cursor
+                    cursor.position, cursor.consumed = plan.batches.samples_done(batch + 1), plan.consumed(batch + 1)
+                    cursor.finished = batch + 1 == len(plan.batches)
                 yield self._deliver(images, labels, maker.augment_step(plan.epoch, batch))
-            self.epoch, self._position, self._consumed = self.epoch + 1, 0, None
+            if self._passes.latest(number):
+                cursor.next_epoch()
         finally:
             batches.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
@@ -337,7 +348,7 @@ class Loader:
                     ahead: ReadsAhead) -> Generator[Made, None, None]:
         """Batches made by this process's threads (thread_batches.py), into the ring's buffers."""
         if self._ring is None and self.decode == "cpu":  # decode="gpu" makes its pixels on the GPU
-            self._ring = BatchRing((self.batch_size, *maker.buffer_shape()), self.prefetch + 1)
+            self._ring = BatchRing((self._rows(), *maker.buffer_shape()), self.prefetch + 1)
         return made_in_threads(maker, plan, hints, ahead, ring=self._ring, threads=self.threads,
                                prefetch=self.prefetch, batch_size=self.batch_size, first_batches=self._first_batches)
 
@@ -345,8 +356,8 @@ class Loader:
                       ahead: ReadsAhead) -> Generator[Made, None, None]:
         """Batches made by ``processes`` worker processes into a shared ring (process_batches.py),
         kept from one whole pass to the next while they make batches this way."""
-        workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self.processes,
-                                                           self.threads, self.prefetch, self.mp_context)
+        workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self._rows(),
+                                                           self.processes, self.threads, self.prefetch, self.mp_context)
         hints.submit(ahead.advance, 0)
         for batch, made, skipped in workers.batches(plan.epoch, plan.share, range(len(plan.batches))):
             hints.submit(ahead.advance, (batch + workers.queued) * self.batch_size)
@@ -354,28 +365,17 @@ class Loader:
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The sample indices this rank reads in a whole pass over ``epoch`` (default: the current
-        one) from its start, in order."""
-        return self._plan(self.epoch if epoch is None else epoch, 0).share
+        one, :attr:`epoch`) from its start, in order."""
+        return self._passes.plan(self.epoch if epoch is None else EPOCH.check(epoch), 0).share
 
-    def _batches(self, start: int) -> RankBatches:
-        """This rank's batches of a pass from ``start`` samples consumed (all ranks), without
-        planning the epoch's order (what ``len``, ``explain`` and an epoch's end need)."""
-        return rank_batches(len(self._epoch_order), start=start, world_size=self.world_size, rank=self.rank,
-                            batch_size=self.batch_size, drop_last=self.drop_last)
+    def _rows(self) -> int:
+        """The samples a batch buffer holds: ``batch_size``, or the epoch's where it has fewer (a
+        DataLoader gives a batch of 10**7 over 100 samples as one of 100)."""
+        return min(self.batch_size, len(self._epoch_order))
 
-    def _plan(self, epoch: int, start: int, consumed: tuple[int, ...] | None = None) -> EpochPlan:
-        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; a Mix's per
-        source: ``consumed``)."""
-        return plan_epoch(self._epoch_order, seed=self.seed, epoch=epoch, start=start, consumed=consumed,
-                          world_size=self.world_size,
-                          rank=self.rank, batch_size=self.batch_size, drop_last=self.drop_last)
-
-    def _record(self, epoch: int, samples_done: int) -> Position:
-        window, blocks = self._epoch_order.settings()
-        dataset, mix = self._identity
-        return Position("Loader", dataset, self.seed, epoch, self.world_size, self.rank, self.batch_size,
-                        self.order, window, blocks, self.drop_last, samples_done, mix,
-                        consumed_of(self.dataset, self._consumed))
+    def _rank_samples(self) -> int:
+        """This rank's samples in a whole pass (``len(loader.sampler)``)."""
+        return self._passes.batches(0).samples
 
     def _deliver(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch as the user gets it: NCHW view, on ``device``, augmented there (``step``: the
@@ -395,42 +395,3 @@ class Loader:
                 images = images.mul_(255).round_().to(torch.uint8)
         return images, labels
 
-
-def _plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,
-                    crop: CropSpec | None) -> TransformPlan:
-    """What becomes of ``transform``: a torchvision pipeline over images is translated
-    (torchvision_plan.py); over video clips, any transform runs per clip as given."""
-    if maker_type is BatchMaker:
-        return plan(transform, crop)
-    if transform is None:
-        return TransformPlan(crop or CropSpec())
-    steps = (Step(repr(transform), "per sample", "video clips: run as given on each (T, 3, H, W) uint8 clip"),)
-    return TransformPlan(crop or CropSpec(), per_sample=(transform,), steps=steps)
-
-
-def _gpu_for_decoding(maker_type: type[BatchMaker], plan: TransformPlan, processes: int,
-                      device: torch.device | None) -> torch.device:
-    """The CUDA device that decodes with decode="gpu", or why there is none."""
-    from stoker.augment.device import default_device
-
-    if maker_type is not BatchMaker:
-        raise ValueError("decode='gpu' decodes images; video clips are decoded on the CPU")
-    if plan.per_sample or plan.crop is None or processes:
-        raise ValueError("decode='gpu' makes batches on the GPU: no per-sample transform or worker processes "
-                         "(augment the batch there with stoker.augment)")
-    device = device or default_device()
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"decode='gpu' needs a CUDA device, got {device} (no GPU here? decode='cpu' decodes with threads)")
-    return device
-
-
-def _maker_type(dataset: ShardDataset | Mix | VideoClipDataset) -> type[BatchMaker]:
-    """What makes the batches of ``dataset``: images, or video clips (a VideoClipDataset, or a Mix of them)."""
-    if isinstance(dataset, ShardDataset) or (isinstance(dataset, Mix) and not dataset.clips):
-        return BatchMaker
-    from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
-    from stoker.video.dataset import VideoClipDataset
-
-    if not isinstance(dataset, (Mix, VideoClipDataset)):
-        raise TypeError(f"Loader reads a ShardDataset, a Mix or a VideoClipDataset, got {type(dataset).__name__}")
-    return ClipBatchMaker

@@ -76,8 +76,8 @@ class Part:
 class _Work(Dataset):
     """The worker side: ``dataset[task]`` makes a :class:`Task` with ``threads`` threads."""
 
-    def __init__(self, maker: BatchMaker, threads: int, batch_size: int, slots: list[torch.Tensor]) -> None:
-        self.maker, self.threads, self.batch_size, self.slots = maker, threads, batch_size, slots
+    def __init__(self, maker: BatchMaker, threads: int, rows: int, slots: list[torch.Tensor]) -> None:
+        self.maker, self.threads, self.rows, self.slots = maker, threads, rows, slots
         self._own: BatchRing | None = None  # pixels that never leave the worker (made in it, not pickled)
 
     def __getitem__(self, task: Task) -> Part:
@@ -95,7 +95,7 @@ class _Work(Dataset):
         pixels = None
         if self.maker.transform is not None:  # the transform's results are sent: the pixels stay here
             if self._own is None:
-                self._own = BatchRing((self.batch_size, *self.maker.buffer_shape()), 1)
+                self._own = BatchRing((self.rows, *self.maker.buffer_shape()), 1)
             pixels = self._own.take()
         batch = self.maker.make(task.epoch, task.number, task.indices, self.threads, pixels)
         images, labels = self.maker.finish(batch)
@@ -142,18 +142,19 @@ class _Tasks:
 class WorkerProcesses:
     """``processes`` DataLoader worker processes making a Loader's batches with ``threads`` threads
     each, into a shared ring of ``prefetch`` + 2 batches (batches with a per-sample transform:
-    in memory each worker sends, ``prefetch`` per worker)."""
+    in memory each worker sends, ``prefetch`` per worker). ``rows``: the samples a buffer holds
+    (``batch_size``, or fewer where no batch can be larger: a data set smaller than a batch)."""
 
-    def __init__(self, maker: BatchMaker, batch_size: int, processes: int, threads: int, prefetch: int,
+    def __init__(self, maker: BatchMaker, batch_size: int, rows: int, processes: int, threads: int, prefetch: int,
                  mp_context: str | None) -> None:
-        self.settings = (maker, batch_size, processes, threads, prefetch, mp_context)
+        self.settings = (maker, batch_size, rows, processes, threads, prefetch, mp_context)
         self.maker, self.batch_size = maker, batch_size
         in_ring = maker.transform is None
-        self.ring = BatchRing((batch_size, *maker.buffer_shape()), prefetch + 2, shared=True) if in_ring else None
+        self.ring = BatchRing((rows, *maker.buffer_shape()), prefetch + 2, shared=True) if in_ring else None
         # batches queued ahead of the one the loop takes
         self.queued = prefetch if in_ring else prefetch * processes
         self._tasks = _Tasks(self.ring, processes)
-        work = _Work(maker, threads, batch_size, self.ring.shared_buffers if self.ring is not None else [])
+        work = _Work(maker, threads, rows, self.ring.shared_buffers if self.ring is not None else [])
         self._workers: DataLoader | None = DataLoader(
             work, batch_size=None, sampler=self._tasks, num_workers=processes, prefetch_factor=prefetch,
             persistent_workers=True, collate_fn=_as_made, multiprocessing_context=mp_context,
@@ -162,12 +163,12 @@ class WorkerProcesses:
         self.running = False  # a pass is taking batches from them
 
     @classmethod
-    def for_pass(cls, kept: WorkerProcesses | None, maker: BatchMaker, batch_size: int, processes: int, threads: int,
-                 prefetch: int, mp_context: str | None) -> WorkerProcesses:
+    def for_pass(cls, kept: WorkerProcesses | None, maker: BatchMaker, batch_size: int, rows: int, processes: int,
+                 threads: int, prefetch: int, mp_context: str | None) -> WorkerProcesses:
         """The workers for a pass: ``kept`` where they make batches as asked (a maker equal to theirs)
         and no other pass is taking batches from them; else new ones (``kept`` stopped, unless a pass
         runs on them: they stop when it ends and lets go of them)."""
-        settings = (maker, batch_size, processes, threads, prefetch, mp_context)
+        settings = (maker, batch_size, rows, processes, threads, prefetch, mp_context)
         if kept is not None and not kept.running:
             if kept._workers is not None and kept.settings == settings:
                 return kept
