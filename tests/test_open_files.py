@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import stoker
 
 ROOT = Path(__file__).parent.parent
@@ -56,12 +58,17 @@ def test_a_closed_or_exited_data_set_holds_no_file(packed):
     data.close()
 
 
-def test_no_descriptor_left_is_a_limit_to_raise_not_damage(packed):
+@pytest.mark.parametrize("cache", [False, True], ids=["local", "node-cache"])
+def test_no_descriptor_left_is_a_limit_to_raise_not_damage(packed, tmp_path, cache):
     done = run_limited("""
         import os
         import stoker
-        from stoker.errors import CorruptDataError, FormatError, ResourceLimitError
-        data = stoker.ShardDataset(sys.argv[2], decode="raw", on_error="skip")
+        from stoker.errors import ResourceLimitError
+        cache = {"cache_dir": sys.argv[3]} if sys.argv[3] != "-" else {}
+        data = stoker.ShardDataset(sys.argv[2], decode="raw", on_error="skip", **cache)
+        if cache:  # every index open first: the first open to fail is the cache's
+            for shard in range(len(data.shards.manifest.shards)):
+                data.shards.index(shard)
         hold = []
         while len(os.listdir("/proc/self/fd")) < LIMIT - 1:
             hold.append(os.open(os.devnull, os.O_RDONLY))
@@ -71,7 +78,7 @@ def test_no_descriptor_left_is_a_limit_to_raise_not_damage(packed):
         except ResourceLimitError as e:
             print("ResourceLimitError:", e)
         print("skipped", data.skipped)
-    """, 64, packed)
+    """, 64, packed, tmp_path / "cache" if cache else "-")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ResourceLimitError:" in done.stdout and "RLIMIT_NOFILE" in done.stdout and "ulimit -n" in done.stdout
     assert "skipped 0" in done.stdout  # nothing passed over as damaged

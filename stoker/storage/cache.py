@@ -55,7 +55,7 @@ from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.ranges import CACHE_LIMIT
-from stoker.storage.files import open_readonly
+from stoker.storage.files import descriptor_limit
 from stoker.storage.locks import exclusive, is_locked
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData
 
@@ -125,17 +125,19 @@ class ShardCache:
         The copy is opened first and checked through that descriptor (its ``.verified`` record,
         else its checksum), so what the caller reads is the copy that was checked, whatever
         happens to the path meanwhile: an eviction unlinks it but the descriptor still reads it,
-        and a copy fetched again in its place is another file. A damaged copy is removed."""
-        try:
-            fd = open_readonly(self.path(shard))
-        except FileNotFoundError:
-            return None
-        try:
-            if self.intact(shard, fd):
-                return fd
-        except BaseException:
-            os.close(fd)
-            raise
+        and a copy fetched again in its place is another file. A damaged copy is removed; no file
+        descriptor left is a ResourceLimitError."""
+        with descriptor_limit(self.path(shard)):
+            try:
+                fd = os.open(self.path(shard), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                if self.intact(shard, fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
         os.close(fd)
         return None
 
@@ -166,10 +168,11 @@ class ShardCache:
         first, then least recently used); with ``keep=None`` only shards marked consumed are.
         False when there is no room, or the cache cannot be written (logged). Waits while another
         process fetches the same shard. Source errors raise RemoteError after retries; an object
-        damaged at the source raises CorruptDataError (see :meth:`damage`).
+        damaged at the source raises CorruptDataError (see :meth:`damage`); no file descriptor
+        left, ResourceLimitError.
         """
         entry = self.shards[shard]
-        with exclusive(self._lock(shard), inherit=False):
+        with descriptor_limit(self.path(shard)), exclusive(self._lock(shard), inherit=False):
             if self.ready(shard):
                 self._marker("consumed", shard).unlink(missing_ok=True)  # needed again
                 return True

@@ -1,10 +1,12 @@
-"""Opening files for reading, where running out of descriptors is the limit's fault, not the data's."""
+"""Opening files, where running out of descriptors is the limit's fault, never the data's."""
 
 from __future__ import annotations
 
 import errno
 import os
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from stoker.errors import ResourceLimitError
 
@@ -12,8 +14,16 @@ from stoker.errors import ResourceLimitError
 def open_readonly(path: str | os.PathLike) -> int:
     """A read-only descriptor of ``path`` (closed in a child that execs); ResourceLimitError when
     the process or the system has no descriptor left, any other OSError as it is."""
-    try:
+    with descriptor_limit(path):
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+@contextmanager
+def descriptor_limit(path: str | os.PathLike) -> Iterator[None]:
+    """Within the block, an OSError of no file descriptor left becomes a ResourceLimitError naming
+    ``path`` (see :func:`raise_if_out_of_files`); any other error passes as it is."""
+    try:
+        yield
     except OSError as e:
         raise_if_out_of_files(e, path)
         raise

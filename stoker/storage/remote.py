@@ -33,6 +33,7 @@ from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.deadline import Deadline, NoAnswer, Progress, call_within
+from stoker.storage.files import raise_if_out_of_files
 from stoker.storage.ranged import BrokenAnswer, read_into
 from stoker.storage.retry import with_retries
 
@@ -324,10 +325,12 @@ def intact(path: Path, size: int, checksum: str, verify: bool = True) -> bool:
 @contextmanager
 def _local_writes(path: Path) -> Iterator[None]:
     """Turn an OSError of a full disk or a read-only folder while writing ``path`` into a
-    LocalWriteError: never retried, never blamed on the source."""
+    LocalWriteError, and one of no descriptor left into a ResourceLimitError: never retried,
+    never blamed on the source."""
     try:
         yield
     except OSError as e:
+        raise_if_out_of_files(e, path)
         if e.errno in _LOCAL_WRITE_ERRNOS:
             raise LocalWriteError(f"{path}: cannot write the copy ({e.strerror})") from None
         raise

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from stoker.errors import CorruptDataError, FormatError, LocalWriteError, RemoteError
+from stoker.errors import RemoteError, StokerError
 from stoker.storage.deadline import Deadline
 
 log = logging.getLogger("stoker.storage")
@@ -28,9 +28,9 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, 
     passes before the next attempt could start (None: no limit), whichever comes first
     (defaults: 5 retries, 7.75 to 15.5 s in all); ``action`` hands the same deadline to the
     backend (:func:`stoker.storage.deadline.call_within`), so no attempt outlives it. Missing
-    objects and denied access are permanent and raise ``error`` at once; a malformed manifest,
-    data found damaged at the source (CorruptDataError), a failed local write or a wrong call
-    (TypeError, ValueError) propagates as it is; every other error (each fsspec backend has its
+    objects and denied access are permanent and raise ``error`` at once; a StokerError (a
+    malformed manifest, data found damaged at the source, a failed local write, no file
+    descriptor left) or a wrong call (TypeError, ValueError) propagates as it is; every other error (each fsspec backend has its
     own: botocore's connection errors, aiohttp's, OSError; an answer abandoned or not what was
     asked) counts as transient. ``error`` messages name ``url``
     (give the range too where one is read), the attempts, the time and the last cause.
@@ -46,7 +46,7 @@ def with_retries(url: str, action: Callable[[], T], *, retries: int | None = 5, 
             raise error(f"{url}: not found ({_cause(e)})") from None
         except PermissionError as e:
             raise error(f"{url}: access denied: check credentials and permissions ({_cause(e)})") from None
-        except (FormatError, CorruptDataError, LocalWriteError, TypeError, ValueError):  # retrying the source cannot help
+        except (StokerError, TypeError, ValueError):  # said what is wrong already; retrying the source cannot help
             raise
         except Exception as e:  # noqa: BLE001 -- backends raise their own kinds (botocore, aiohttp, OSError)
             attempt += 1
