@@ -72,3 +72,9 @@ class RemoteError(StokerError):
 class LocalWriteError(StokerError):
     """A local copy (the node cache, a stage destination) could not be written: a full disk, a
     read-only or missing folder. Never retried, and never blamed on the source."""
+
+
+class ResourceLimitError(StokerError):
+    """The process or the system ran out of something it limits (open file descriptors): not a
+    fault of the data, and never reported as damage. The message names the file and the limit to
+    raise."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stoker.bench.link import Faults, ShapedLink
+from stoker.bench.link import FAULT_KINDS, Faults, ShapedLink
 from stoker.bench.link_process import start_link_process
 
 OBJECT = bytes(range(256)) * 4096  # 1 MiB
@@ -36,7 +36,7 @@ def test_bytes_pass_unchanged_and_are_counted(s3, bucket):
         assert get(link, bucket, "bytes=10-99").read() == OBJECT[10:100]
         counts = link.counts()
     assert counts["requests"] == 2 and counts["body_bytes"] == len(OBJECT) + 90
-    assert sum(counts[kind] for kind in ("reset", "slow_down", "error", "cut")) == 0
+    assert sum(counts[kind] for kind in FAULT_KINDS) == 0
 
 
 def test_each_fault_as_the_client_sees_it(s3, bucket):
@@ -55,7 +55,30 @@ def test_each_fault_as_the_client_sees_it(s3, bucket):
             get(link, bucket).read()
         assert get(link, bucket).read() == OBJECT  # nothing left injected
         assert link.counts() | {"connections": 0, "body_bytes": 0} == {
-            "requests": 5, "connections": 0, "body_bytes": 0, "reset": 1, "slow_down": 1, "error": 1, "cut": 1}
+            "requests": 5, "connections": 0, "body_bytes": 0, "reset": 1, "slow_down": 1, "error": 1, "cut": 1,
+            "short": 0, "ignore_range": 0, "black_hole": 0}
+
+
+def test_a_short_answer_an_ignored_range_and_a_black_hole_as_the_client_sees_them(s3, bucket):
+    with ShapedLink(s3.port) as link:
+        link.inject("short", "ignore_range", "black_hole")
+        connection = http.client.HTTPConnection("127.0.0.1", link.port, timeout=10)
+        connection.request("GET", bucket, headers={"Authorization": AUTH, "Range": "bytes=1000-200999"})
+        answer = connection.getresponse()  # well framed: Content-Range promises 200,000 bytes, 199,900 come
+        assert answer.status == 206 and answer.getheader("Content-Range") == f"bytes 1000-200999/{len(OBJECT)}"
+        assert answer.read() == OBJECT[1000 : 200_900]
+        connection.request("GET", bucket, headers={"Authorization": AUTH, "Range": "bytes=10-99"})
+        answer = connection.getresponse()  # the same connection goes on; the range is dropped
+        assert answer.status == 200 and answer.read() == OBJECT
+        silent = http.client.HTTPConnection("127.0.0.1", link.port, timeout=0.5)
+        silent.request("GET", bucket, headers={"Authorization": AUTH})
+        with pytest.raises(TimeoutError):
+            silent.getresponse()
+        silent.close()
+        assert get(link, bucket, "bytes=0-9").read() == OBJECT[:10]  # nothing left injected
+        assert link.counts() | {"connections": 0, "body_bytes": 0} == {
+            "requests": 4, "connections": 0, "body_bytes": 0, "reset": 0, "slow_down": 0, "error": 0, "cut": 0,
+            "short": 1, "ignore_range": 1, "black_hole": 1}
 
 
 def fault_pattern(s3, bucket, seed: int) -> list[int]:
@@ -98,6 +121,15 @@ def test_a_response_is_held_to_the_stream_rate(s3, bucket):
         assert get(link, bucket).read() == OBJECT
         assert time.monotonic() - start >= (len(OBJECT) - (256 << 10)) / 4e6
         assert link.counts()["body_bytes"] == len(OBJECT)
+
+
+def test_an_injected_ignored_range_waits_for_a_request_with_a_range(s3, bucket):
+    with ShapedLink(s3.port) as link:
+        link.inject("ignore_range")
+        assert get(link, bucket).read() == OBJECT
+        answer = get(link, bucket, "bytes=5-9")
+        assert answer.status == 200 and answer.read() == OBJECT
+        assert link.counts()["ignore_range"] == 1
 
 
 def test_an_injected_reset_waits_for_a_request_with_a_body(s3, bucket):

@@ -6,8 +6,10 @@ handshake), sends response bytes no faster than ``rate`` bytes/s over the whole 
 bucket shared by every connection), and injects faults at given rates (:class:`Faults`):
 connections reset mid-response, ``503 SlowDown`` and ``500 InternalError`` answers (S3's XML
 error bodies), bodies cut short (the full Content-Length promised, fewer bytes sent, the
-connection closed). :meth:`ShapedLink.stop` takes the server "down" (connections refused and
-open ones reset) until :meth:`ShapedLink.start`. Which request gets a fault is a pure function of
+connection closed), answers shorter than their Content-Range says (well framed), a Range header
+dropped (the whole object answered, 200) and requests never answered (the connection held open,
+silent). :meth:`ShapedLink.stop` takes the server "down" (connections refused and open ones
+reset) until :meth:`ShapedLink.start`. Which request gets a fault is a pure function of
 ``seed``, the request (method, path, Range) and how many times that request came before, so a
 run's faults do not depend on thread timing. No tc/netem, no root: traffic stays on 127.0.0.1.
 
@@ -27,7 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-FAULT_KINDS = ("reset", "slow_down", "error", "cut")
+FAULT_KINDS = ("reset", "slow_down", "error", "cut", "short", "ignore_range", "black_hole")
+# Faults that end a response body early: only a request answered with a body gets one.
+_BODY_FAULTS = ("reset", "cut", "short")
+# A "short" answer lacks this many bytes of its body (all of a body that small).
+SHORT_BY = 100
 _PIECE = 64 << 10  # response bytes sent per token-bucket draw
 _BURST = 256 << 10  # bytes an idle link may send at once
 _ERRORS = {"slow_down": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
@@ -39,12 +45,21 @@ class Faults:
     """Per-request fault rates (each in [0, 1], summing to at most 1): ``reset`` (the connection
     reset partway through the response body), ``slow_down`` (503 SlowDown), ``error`` (500
     InternalError), ``cut`` (the body cut short after its headers promised all of it, then the
-    connection closed)."""
+    connection closed), ``short`` (the answer's Content-Length and body :data:`SHORT_BY` bytes
+    shorter than the server's, all else kept, the connection too: well framed, so only a client
+    that checks the answer against its Content-Range, or the range it asked, sees it),
+    ``ignore_range`` (the request's Range header dropped, so the whole object comes back with
+    200: a server or proxy that ignores ranges; only requests with a Range get it),
+    ``black_hole`` (the request read and never answered: the connection stays open and silent
+    until the client gives up or the link stops)."""
 
     reset: float = 0.0
     slow_down: float = 0.0
     error: float = 0.0
     cut: float = 0.0
+    short: float = 0.0
+    ignore_range: float = 0.0
+    black_hole: float = 0.0
 
     def __post_init__(self) -> None:
         rates = dataclasses.astuple(self)
@@ -89,7 +104,8 @@ class ShapedLink:
 
     def inject(self, *kinds: str) -> None:
         """The next requests get these faults, one each, in order (before any drawn at random; a
-        reset or a cut goes to the next request that is not a HEAD)."""
+        reset, a cut or a short body goes to the next request that is not a HEAD, a dropped
+        Range to the next request with one)."""
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
@@ -177,17 +193,24 @@ class ShapedLink:
                     head = _without_header(head, b"expect")
                 body = _read_body(from_client, headers)
                 fault, fraction = self._draw(method, target, headers.get(b"range", b""))
+                if fault == "black_hole":
+                    while from_client.read(1):  # silent until the client closes or stop() resets it
+                        pass
+                    return
                 time.sleep(self.delay)
                 if fault in _ERRORS:
                     self._answer_error(client, fault, method, target)
                     continue
+                if fault == "ignore_range":
+                    head = _without_header(head, b"range")
                 if upstream is None:
                     upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     from_upstream = upstream.makefile("rb")
                 upstream.sendall(head + body)
                 assert from_upstream is not None
-                client_open, upstream_open = self._relay(client, from_upstream, method, fault, fraction)
+                client_open, upstream_open = self._relay(client, from_upstream, method,
+                                                         fault if fault in _BODY_FAULTS else None, fraction)
                 if not upstream_open:
                     from_upstream.close()
                     upstream.close()
@@ -222,6 +245,12 @@ class ShapedLink:
         if not has_body or length is None or length == 0 or chunked:
             fault = None  # only a body of known length is cut or reset
         head = _without_header(head, b"connection")
+        stop_at = length or 0
+        if fault in ("cut", "reset"):
+            stop_at = min(stop_at - 1, int(stop_at * fraction))
+        elif fault == "short":  # well framed, holding less than its Content-Range says
+            stop_at = max(0, stop_at - SHORT_BY)
+            head = _without_header(head, b"content-length")[:-2] + b"Content-Length: %d\r\n\r\n" % stop_at
         self._bucket.take(len(head))
         client.sendall(head)
         if not has_body:
@@ -232,7 +261,6 @@ class ShapedLink:
             for start in range(0, len(body), _PIECE):
                 self._send(client, body[start : start + _PIECE], stream)
             return chunked, chunked and upstream_open
-        stop_at = length if fault is None else min(length - 1, int(length * fraction))
         sent = 0
         while sent < stop_at:
             piece = from_upstream.read(min(_PIECE, stop_at - sent))
@@ -240,6 +268,9 @@ class ShapedLink:
                 raise ConnectionError("upstream closed the connection mid-body")
             self._send(client, piece, stream)
             sent += len(piece)
+        if fault == "short":
+            from_upstream.read(length - stop_at)  # what the client is not sent, for the next answer
+            return True, upstream_open
         if fault == "reset":  # closed by _serve: with no linger, the close sends a reset
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return False, False
@@ -263,8 +294,8 @@ class ShapedLink:
             self._ranges.append((method.decode("latin-1"), byte_range.decode("latin-1")))
             nth = self._seen.get(key, 0)
             self._seen[key] = nth + 1
-            # A reset or a cut needs a body: an injected one waits for a request that has one.
-            takes = self._injected and (method != b"HEAD" or self._injected[0] not in ("reset", "cut"))
+            # A fault that needs a body (or a range) waits for a request that has one.
+            takes = self._injected and _applies(self._injected[0], method, byte_range)
             injected = self._injected.pop(0) if takes else None
         digest = hashlib.blake2b(key + struct.pack("<qq", self.seed, nth), digest_size=16).digest()
         draw, where = (v / 2.0**64 for v in struct.unpack("<QQ", digest))
@@ -275,7 +306,7 @@ class ShapedLink:
             for kind, rate in zip(FAULT_KINDS, dataclasses.astuple(self.faults), strict=True):
                 edge += rate
                 if draw < edge:
-                    fault = kind
+                    fault = kind if _applies(kind, method, byte_range) else None
                     break
         if fault is not None:
             with self._lock:
@@ -291,6 +322,15 @@ class ShapedLink:
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
                 f"Content-Length: {0 if method == b'HEAD' else len(body)}\r\nx-amz-request-id: stoker-link\r\n\r\n")
         client.sendall(head.encode() + (b"" if method == b"HEAD" else body))
+
+
+def _applies(fault: str, method: bytes, byte_range: bytes) -> bool:
+    """Whether ``fault`` can happen to a ``method`` request with this Range header ('' for none)."""
+    if fault in _BODY_FAULTS:
+        return method != b"HEAD"
+    if fault == "ignore_range":
+        return bool(byte_range)
+    return True
 
 
 class _Bucket:

@@ -240,6 +240,17 @@ class ShardDataset(torch.utils.data.Dataset):
         """Every stored member of sample ``index`` as bytes, keyed by field (``jpg``, ``cls``, ...)."""
         return self.shards.read_members(index)
 
+    def close(self) -> None:
+        """Close this process's open shard files now (a dataset dropped unclosed closes them when
+        collected); reading again opens them again."""
+        self.shards.close()
+
+    def __enter__(self) -> ShardDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_targets"] = None

@@ -107,10 +107,7 @@ class ShardSet:
     def reader(self, shard: int) -> ShardReader:
         """The reader of shard number ``shard``, opened on first use in this process; the least
         recently used reader is closed when more than ``max_open_shards`` are open."""
-        if self._pid != os.getpid():
-            with _this_process_lock():  # threads of a worker process (Loader(processes=, threads=)) forget once
-                if self._pid != os.getpid():
-                    self._forget_parent_readers()
+        self._in_this_process()
         if self.cache is not None and time.monotonic() > self._next_sweep:
             self._release_evicted()
         with self._lock:
@@ -155,11 +152,19 @@ class ShardSet:
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def close(self) -> None:
-        """Close every open shard of this process."""
+        """Close every open shard of this process now (each reader dropped unclosed closes its
+        file when collected); reading again opens them again."""
+        self._in_this_process()
         with self._lock:
             for reader in self._readers.values():
                 reader.close()
             self._readers.clear()
+
+    def __enter__(self) -> ShardSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _release_evicted(self) -> None:
         """Close this process's copies that were evicted from the node cache, freeing their space."""
@@ -169,6 +174,14 @@ class ShardSet:
         for reader in readers:
             if isinstance(reader, CachedShardReader):  # every reader, when there is a cache
                 reader.release_evicted()
+
+    def _in_this_process(self) -> None:
+        """In a forked child, forget the parent's readers first (once, whichever thread comes
+        first: threads of a worker process, Loader(processes=, threads=))."""
+        if self._pid != os.getpid():
+            with _this_process_lock():
+                if self._pid != os.getpid():
+                    self._forget_parent_readers()
 
     def _forget_parent_readers(self) -> None:
         """In a forked child: open our own files, and never wait on a lock another thread of the parent held."""

@@ -30,11 +30,20 @@ class FileChecksum:
         return f"{FILE_CHECKSUM_ALGORITHM}:{self._hash.hexdigest()}"
 
 
-def file_checksum(path: str | os.PathLike) -> str:
-    """Whole-file checksum as written in the manifest (``xxh3_128:<hex>``)."""
+def file_checksum(file: str | os.PathLike | int) -> str:
+    """Whole-file checksum as written in the manifest (``xxh3_128:<hex>``), of a file by path or of
+    an open descriptor (read with ``pread`` from its start: its position and other readers of it are
+    left alone; a file unlinked since it was opened is still the one read)."""
+    if not isinstance(file, int):
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return file_checksum(fd)
+        finally:
+            os.close(fd)
     digest = FileChecksum()
     buffer = memoryview(bytearray(_CHUNK))  # one buffer, reused: no private memory grows per call
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            digest.update(buffer[:n])
+    offset = 0
+    while n := os.preadv(file, [buffer], offset):
+        digest.update(buffer[:n])
+        offset += n
     return digest.hexdigest()

@@ -21,6 +21,9 @@ Every rule that keeps it correct across processes:
   partial is created, a copy moved into place or removed, only while holding ``.lock``, so the
   files in the folder never add up to more than ``limit`` bytes. A copy that was evicted while a
   reader had it open keeps its space until the reader notices (see CachedShardReader).
+- A reader opens a copy and then checks it (:meth:`ShardCache.open_copy`), and reads only through
+  that descriptor: an eviction between its check and its reads cannot make a copy vanish under
+  it, nor give it another copy than the one it checked.
 - A stager evicts shards marked consumed first, then the least recently used (access time),
   never a shard it still needs; a reader fetching a shard on its own evicts only consumed ones.
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
@@ -52,6 +55,7 @@ from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.ranges import CACHE_LIMIT
+from stoker.storage.files import descriptor_limit
 from stoker.storage.locks import exclusive, is_locked
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData
 
@@ -108,31 +112,52 @@ class ShardCache:
         """Where the copy of shard number ``shard`` lives (it may not be there)."""
         return self.folder / self.shards[shard].name
 
-    def ready(self, shard: int, recheck: bool = False) -> bool:
-        """Whether an intact copy of ``shard`` is there, checking it against the manifest
-        checksum if it changed since it was last checked, or with ``recheck``; a damaged copy is
-        removed."""
+    def ready(self, shard: int) -> bool:
+        """Whether an intact copy of ``shard`` is there (see :meth:`open_copy`)."""
+        fd = self.open_copy(shard)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
+    def open_copy(self, shard: int) -> int | None:
+        """A read-only descriptor of an intact copy of ``shard``, or None when there is none.
+
+        The copy is opened first and checked through that descriptor (its ``.verified`` record,
+        else its checksum), so what the caller reads is the copy that was checked, whatever
+        happens to the path meanwhile: an eviction unlinks it but the descriptor still reads it,
+        and a copy fetched again in its place is another file. A damaged copy is removed; no file
+        descriptor left is a ResourceLimitError."""
+        with descriptor_limit(self.path(shard)):
+            try:
+                fd = os.open(self.path(shard), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                if self.intact(shard, fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+        os.close(fd)
+        return None
+
+    def intact(self, shard: int, fd: int, recheck: bool = False) -> bool:
+        """Whether the copy of ``shard`` open as ``fd`` matches the manifest: trusted while its
+        ``.verified`` record matches, else (or with ``recheck``) checked against the manifest
+        checksum. A copy that does not match is removed from the cache if it is still there."""
         entry = self.shards[shard]
-        path = self.folder / entry.name
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            return False
+        stat = os.fstat(fd)
         try:
             if not recheck and self._marker("verified", shard).read_text() == self._record(shard, stat):
                 return True
         except FileNotFoundError:
             pass
-        try:
-            intact = stat.st_size == entry.bytes and file_checksum(path) == entry.checksum
-        except FileNotFoundError:  # evicted while being checked
-            return False
-        if intact:
+        if stat.st_size == entry.bytes and file_checksum(fd) == entry.checksum:
             self._mark_verified(shard, stat)
             return True
-        log.warning("%s: cached copy does not match the manifest; fetching it again", path)
+        log.warning("%s: cached copy does not match the manifest; fetching it again", self.path(shard))
         with exclusive(self.folder / ".lock", inherit=False):
-            if _inode(path) == stat.st_ino:  # not replaced by a fresh copy meanwhile
+            if _inode(self.path(shard)) == stat.st_ino:  # not replaced by a fresh copy meanwhile
                 self._remove(entry.name)
         return False
 
@@ -143,10 +168,11 @@ class ShardCache:
         first, then least recently used); with ``keep=None`` only shards marked consumed are.
         False when there is no room, or the cache cannot be written (logged). Waits while another
         process fetches the same shard. Source errors raise RemoteError after retries; an object
-        damaged at the source raises CorruptDataError (see :meth:`damage`).
+        damaged at the source raises CorruptDataError (see :meth:`damage`); no file descriptor
+        left, ResourceLimitError.
         """
         entry = self.shards[shard]
-        with exclusive(self._lock(shard), inherit=False):
+        with descriptor_limit(self.path(shard)), exclusive(self._lock(shard), inherit=False):
             if self.ready(shard):
                 self._marker("consumed", shard).unlink(missing_ok=True)  # needed again
                 return True

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from stoker.storage.files import descriptor_limit
+
 # Descriptors of locks a forked child must not keep, and a lock that keeps fork() out of the
 # moment between opening one and recording it (reentrant: should two threads register the fork
 # hooks at once, each hook runs twice, harmlessly).
@@ -64,7 +66,8 @@ def _lock_file(path: Path, inherit: bool) -> Iterator[int]:
     ``inherit=False`` it is also closed in a child forked meanwhile."""
     _hook_fork()
     with _OPENING:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        with descriptor_limit(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         if not inherit:
             _PRIVATE.add(fd)
     try:

@@ -3,11 +3,14 @@
 Only the manifest and the indexes are fetched up front, into a local metadata folder (checked
 against the manifest's checksums, refetched when damaged, shared by every process on the node),
 so indexes are memory-mapped as for a local data set; shard bytes are read by range
-(:meth:`RemoteData.read_range`: resumed from the last good byte, bounded in time; several in
-flight at once through :meth:`RemoteData.prefetch`), or whole files are downloaded
-(:meth:`RemoteData.download`, used by ``stoker stage`` and the node cache). A local path works
-too (fsspec's local file system). Picklable: a DataLoader worker re-creates the file system in
-its own process.
+(:meth:`RemoteData.read_range`: resumed from the last good byte; several in flight at once
+through :meth:`RemoteData.prefetch`), or whole files are downloaded (:meth:`RemoteData.download`,
+used by ``stoker stage`` and the node cache). Every request, its retries included, gives up
+``read_timeout`` seconds after its last progress, whatever the backend's own timeouts (see
+:mod:`stoker.storage.deadline`); the backend is also handed connect and read timeouts within that
+(s3fs's ``config_kwargs``, fsspec HTTP's ``timeout``) unless the storage options set them. A
+local path works too (fsspec's local file system). Picklable: a DataLoader worker re-creates the
+file system in its own process.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -29,10 +32,13 @@ from fsspec.implementations.local import LocalFileSystem
 from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
-from stoker.storage.ranged import read_into
+from stoker.storage.deadline import Deadline, NoAnswer, Progress, call_within
+from stoker.storage.files import raise_if_out_of_files
+from stoker.storage.ranged import BrokenAnswer, read_into
 from stoker.storage.retry import with_retries
 
 log = logging.getLogger("stoker.storage")
+T = TypeVar("T")
 
 _CHUNK = 8 << 20
 # A write into the local copy that fails with one of these is the local disk's fault, not the source's.
@@ -41,8 +47,15 @@ _LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 _BATCH = 64
 # What fsspec's info() reports that changes when a file's content is replaced (s3fs, gcsfs, local).
 _VERSION_KEYS = ("size", "ETag", "etag", "generation", "LastModified", "mtime", "ino")
-# How long one ranged read may keep retrying before it fails (an outage shorter than this is ridden out).
+# How long a read may go without progress, retrying, before it fails (an outage shorter than this is ridden out).
 DEFAULT_READ_TIMEOUT = 120.0
+# The longest a ranged read's first attempt waits for its answer, or for the next piece of it,
+# before it abandons the connection and asks again (AWS advises retrying a small GET not answered
+# within about 2 s); doubled on each attempt that brought nothing, so a slow store is still read.
+_STALL = 2.0
+# Connect and read timeouts handed to a backend (s3fs's own defaults), each at most read_timeout.
+_CONNECT_TIMEOUT = 5.0
+_SOCKET_READ_TIMEOUT = 15.0
 # Ranged reads in flight at once per process (RemoteData.prefetch): at 20 ms and 1 Gbit/s, 2.5 MB
 # in flight fill the link; 16 parts of 2 MiB leave room for a slower store's per-connection rate.
 DEFAULT_PARALLEL = 16
@@ -70,8 +83,9 @@ class RemoteData:
     """The data set at ``url``: :meth:`metadata` fetches its manifest and indexes, :meth:`read`
     reads one of its files, :meth:`read_range` a range of one (:meth:`prefetch`: in the background),
     :meth:`download` copies a whole one. ``storage_options`` go to fsspec; failures raise
-    ``error`` (a RemoteError) after ``retries`` (see :func:`with_retries`), ranged reads after
-    ``read_timeout`` seconds of retrying; ``parallel``: ranged reads in flight at once."""
+    ``error`` (a RemoteError) after ``retries`` (see :func:`with_retries`; ranged reads: any
+    number) or ``read_timeout`` seconds without progress, whichever comes first; ``parallel``:
+    ranged reads in flight at once."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, retries: int = 5,
                  backoff: float = 0.5, error: type[RemoteError] = RemoteError,
@@ -103,31 +117,44 @@ class RemoteData:
     def read(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``start:end`` of the data set's file ``name`` (all of it by default), retried on
         transient errors; a RemoteError names the URL when it fails for good."""
-        url = f"{self.url}/{name}"
-        return with_retries(url, lambda: self._filesystem().cat_file(f"{self._root}/{name}", start=start, end=end),
-                            retries=self.retries, backoff=self.backoff, error=self.error)
+        return self._retried(f"{self.url}/{name}", lambda deadline: call_within(
+            self._filesystem(), "cat_file", deadline, f"{self._root}/{name}", start=start, end=end))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``start:end`` of the data set's file ``name``. A read cut short (a reset, a body
-        shorter than promised) is retried from its last good byte, transient errors after
-        jittered pauses from 50 ms growing to 1 s (a store back after an outage is read again
-        within a second) for up to ``read_timeout`` seconds; then a RemoteError naming the
-        object, the range, the attempts and the last cause."""
+        shorter than promised) is retried from its last good byte, an answer that is not the
+        range asked (the Range ignored) asked again, a silent one abandoned after :data:`_STALL`
+        seconds (more on later attempts), transient errors after jittered pauses from 50 ms
+        growing to 1 s (a store back after an outage is read again within a second), until
+        ``read_timeout`` seconds pass without progress; then a RemoteError naming the object,
+        the range, the attempts and the last cause. An object shorter than the range, as two
+        answers agree (or as the store states its size), raises CorruptDataError."""
         got = bytearray()
         fs = self._filesystem()
         path = f"{self._root}/{name}"
+        short_at: list[int] = []  # where answers that said nothing of the object's size ended
+        stall = _STALL
 
-        def rest() -> None:
-            read_into(fs, path, start, end, got)
-            if len(got) < end - start:  # the object is shorter than the index says: the caller names it
+        def rest(deadline: Deadline) -> None:
+            nonlocal stall
+            before = len(got)
+            try:
+                size = read_into(fs, path, start, end, got, deadline, stall)
+            except NoAnswer:
+                if len(got) == before:  # slower than the bound, or silent: wait longer next time
+                    stall *= 2
+                raise
+            if len(got) < end - start:
+                if size is None and start + len(got) not in short_at:
+                    short_at.append(start + len(got))
+                    raise BrokenAnswer(f"the answer ended at byte {start + len(got)}; asking again")
                 raise CorruptDataError(f"{self.url}/{name}", None,
                                        f"bytes {start}-{end} asked, the object ends after {start + len(got)}")
 
         # Once the main thread has ended, the process is exiting and waits for the reads ahead
         # (a ThreadPoolExecutor's threads are joined at exit): those give up at their first error.
-        with_retries(f"{self.url}/{name} (bytes {start}-{end})", rest, retries=None, backoff=0.05,
-                     timeout=self.read_timeout, max_pause=1.0, error=self.error,
-                     give_up=lambda: not threading.main_thread().is_alive())
+        self._retried(f"{self.url}/{name} (bytes {start}-{end})", rest, retries=None, backoff=0.05, max_pause=1.0,
+                      give_up=lambda: not threading.main_thread().is_alive())
         return bytes(got)
 
     def prefetch(self, name: str, start: int, end: int) -> Future[bytes]:
@@ -145,18 +172,29 @@ class RemoteData:
             return {}
         paths = {f"{self._root}/{name}": name for name in names}
         label = f"{self.url}/{names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-        found = with_retries(label, lambda: self._filesystem().cat(list(paths), on_error="raise"),
-                             retries=self.retries, backoff=self.backoff, error=self.error)
+        found = self._retried(label, lambda deadline: call_within(self._filesystem(), "cat", deadline, list(paths),
+                                                                  on_error="raise"))
         return {paths[path]: data for path, data in found.items()}
 
     def version(self, name: str) -> str:
         """What identifies the current content of the file ``name`` without reading it: its size
         and whichever of ETag, generation, modification time and inode the file system reports
         (one HEAD request on an object store). A file replaced or rewritten gets another."""
-        url = f"{self.url}/{name}"
-        info = with_retries(url, lambda: self._filesystem().info(f"{self._root}/{name}"),
-                            retries=self.retries, backoff=self.backoff, error=self.error)
+        info = self._info(name)
         return " ".join(f"{key}={info[key]}" for key in _VERSION_KEYS if info.get(key) is not None)
+
+    def _info(self, name: str) -> dict[str, Any]:
+        """What the file system says of the file ``name`` (one HEAD request on an object store)."""
+        return self._retried(f"{self.url}/{name}", lambda deadline: call_within(
+            self._filesystem(), "info", deadline, f"{self._root}/{name}"))
+
+    def _retried(self, label: str, action: Callable[[Deadline], T], **retry: Any) -> T:
+        """``action(deadline)`` retried (:func:`with_retries`, ``retry`` overriding this object's
+        settings) until ``read_timeout`` seconds pass without progress; ``action`` hands the
+        deadline to the backend, so no attempt outlives it."""
+        deadline = Deadline(self.read_timeout)
+        settings: dict[str, Any] = {"retries": self.retries, "backoff": self.backoff, "error": self.error, **retry}
+        return with_retries(label, lambda: action(deadline), deadline=deadline, **settings)
 
     def download(self, name: str, size: int, checksum: str, partial: Path, commit: Callable[[Path], None]) -> None:
         """Copy the file ``name``: downloaded into ``partial`` (from an object store in ranged
@@ -194,12 +232,10 @@ class RemoteData:
         fs = self._filesystem()
         with _local_writes(partial):
             if isinstance(fs, LocalFileSystem):
-                found = with_retries(url, lambda: _copy_hashing(Path(f"{self._root}/{name}"), partial),
-                                     retries=self.retries, backoff=self.backoff, error=self.error)
+                found = self._retried(url, lambda _: _copy_hashing(Path(f"{self._root}/{name}"), partial))
             else:
                 if self.parallel == 1:
-                    with_retries(url, lambda: self._stream_to(name, partial), retries=self.retries,
-                                 backoff=self.backoff, error=self.error)
+                    self._retried(url, lambda deadline: self._stream_to(name, partial, deadline))
                 else:
                     self._download_parts(name, partial)
                 found = file_checksum(partial)
@@ -207,21 +243,21 @@ class RemoteData:
                 os.fsync(f.fileno())
         return partial.stat().st_size, found
 
-    def _stream_to(self, name: str, partial: Path) -> None:
+    def _stream_to(self, name: str, partial: Path, deadline: Deadline) -> None:
         """The object ``name`` into ``partial`` in one streamed GET (s3fs's get_file resumes a
         body cut short; measured on moto behind a 50 ms proxy, 274-322 MB/s against 105 MB/s for
-        fsspec's file object's sequential 8 MiB requests); a local write that fails raises
-        LocalWriteError, which is not retried."""
+        fsspec's file object's sequential 8 MiB requests), abandoned once ``deadline`` passes with
+        no bytes arriving; a local write that fails raises LocalWriteError, which is not retried."""
         with _local_writes(partial):
-            self._filesystem().get_file(f"{self._root}/{name}", str(partial))
+            call_within(self._filesystem(), "get_file", deadline, f"{self._root}/{name}", str(partial),
+                        callback=Progress(deadline))
 
     def _download_parts(self, name: str, partial: Path) -> None:
         """The object ``name``, as long as it is now (one HEAD: a damaged object may be shorter or
         longer than the manifest says), into ``partial`` in ranged reads of :data:`DOWNLOAD_PART`
-        on the :meth:`prefetch` pool, each written at its offset as it arrives."""
-        url = f"{self.url}/{name}"
-        length = with_retries(url, lambda: int(self._filesystem().info(f"{self._root}/{name}")["size"]),
-                              retries=self.retries, backoff=self.backoff, error=self.error)
+        on the :meth:`prefetch` pool, each written at its offset as it arrives. An object that
+        ends before that length (replaced meanwhile) leaves a short copy, a mismatch like any other."""
+        length = int(self._info(name)["size"])
         parts = {self.prefetch(name, start, min(start + DOWNLOAD_PART, length)): start
                  for start in range(0, length, DOWNLOAD_PART)}
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -230,7 +266,12 @@ class RemoteData:
                 done, _ = wait(parts, return_when=FIRST_COMPLETED)
                 for future in done:
                     start = parts.pop(future)
-                    _write_at(fd, future.result(), start)  # a part that failed for good raises here
+                    try:
+                        data = future.result()  # a part that failed for good raises here
+                    except CorruptDataError:
+                        os.ftruncate(fd, start)
+                        return
+                    _write_at(fd, data, start)
         finally:
             for future in parts:
                 future.cancel()
@@ -238,7 +279,8 @@ class RemoteData:
 
     def _filesystem(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():  # made again in a forked or spawned worker
-            self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            options = _with_timeouts(self.url, self.storage_options, self.read_timeout)
+            self._fs, self._root = fsspec.core.url_to_fs(self.url, **options)
             self._pid = os.getpid()
             self._pool = None  # a forked child has none of the parent's threads
         return self._fs
@@ -250,6 +292,23 @@ class RemoteData:
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)
+
+
+def _with_timeouts(url: str, options: dict[str, Any], read_timeout: float) -> dict[str, Any]:
+    """``options`` for ``url``'s file system with connect and read timeouts handed to the backend
+    where it takes them and the options do not set them: each at most ``read_timeout``, so a
+    silent connection fails an attempt inside a read's deadline instead of outliving it."""
+    connect, read = min(_CONNECT_TIMEOUT, read_timeout), min(_SOCKET_READ_TIMEOUT, read_timeout)
+    protocol = url.split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        return {**options, "config_kwargs": {"connect_timeout": connect, "read_timeout": read,
+                                             **options.get("config_kwargs", {})}}
+    if protocol in ("http", "https") and "timeout" not in options.get("client_kwargs", {}):
+        import aiohttp  # fsspec's HTTP file system is built on it
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+        return {**options, "client_kwargs": {**options.get("client_kwargs", {}), "timeout": timeout}}
+    return options
 
 
 def intact(path: Path, size: int, checksum: str, verify: bool = True) -> bool:
@@ -266,10 +325,12 @@ def intact(path: Path, size: int, checksum: str, verify: bool = True) -> bool:
 @contextmanager
 def _local_writes(path: Path) -> Iterator[None]:
     """Turn an OSError of a full disk or a read-only folder while writing ``path`` into a
-    LocalWriteError: never retried, never blamed on the source."""
+    LocalWriteError, and one of no descriptor left into a ResourceLimitError: never retried,
+    never blamed on the source."""
     try:
         yield
     except OSError as e:
+        raise_if_out_of_files(e, path)
         if e.errno in _LOCAL_WRITE_ERRNOS:
             raise LocalWriteError(f"{path}: cannot write the copy ({e.strerror})") from None
         raise
