@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -31,10 +32,11 @@ def wait_for(condition, timeout: float = 120.0) -> None:
 
 
 # Holds a write lease on a file (fcntl F_SETLEASE): the kernel then makes any other process's open()
-# of it wait until the lease is let go (or lease-break-time, 45 s by default, has passed).
+# of it wait until the lease is let go (or lease-break-time, 45 s by default, has passed), and
+# tells the holder (SIGIO), which says so: "blocked".
 _HOLD_LEASE = """
 import fcntl, os, signal, sys
-signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's notice that someone waits to open the file
+signal.signal(signal.SIGIO, lambda *_: print("blocked", flush=True))
 fd = os.open(sys.argv[1], os.O_RDWR)
 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
 print("held", flush=True)
@@ -69,6 +71,11 @@ class BlockedPack:
         else:
             self.process.kill()  # the main process only, as the OOM killer would
         self.process.wait(timeout=10)
+
+    def wait_blocked(self, timeout: float = 120.0) -> None:
+        """Wait until the pack waits to open the blocked photo (a generous deadline)."""
+        ready, _, _ = select.select([self.holder.stdout], [], [], timeout)
+        assert ready and self.holder.stdout.readline().strip() == "blocked", "the pack never reached the photo"
 
     def unblock(self) -> None:
         self.holder.stdin.close()
