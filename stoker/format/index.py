@@ -95,7 +95,8 @@ def rows_problem(rows: np.ndarray, members: np.ndarray, keys: np.ndarray, num_fi
             return "the key table does not start with NUL"
         return f"sample {k - 1}'s key does not end with NUL where sample {k}'s row says (or holds one)"
     try:
-        str(keys.data, "utf-8")
+        if len(keys) and keys.max() >= 0x80:  # ASCII needs no decoding
+            str(keys.data, "utf-8")
     except UnicodeDecodeError as e:
         i = int(np.searchsorted(key_at, e.start, side="right")) - 1
         return f"sample {i}'s key is not UTF-8"
