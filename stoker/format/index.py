@@ -19,6 +19,7 @@ instead of copying Python objects.
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -187,14 +188,22 @@ class ShardIndex:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ShardIndex:
-        """Memory-map the index file at ``path``."""
+        """Memory-map the index file at ``path``.
+
+        The row checks read every page of the mapping; they are then let go from this process
+        (``MADV_DONTNEED``: they stay in the page cache), so that a process's resident memory
+        holds only the pages its reads touch, as before the checks (a sampler's process the
+        labels and starts, a DataLoader worker the rows of the samples it reads)."""
         path = os.fspath(path)
         try:
-            size = os.path.getsize(path)
-            buffer = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+            with open(path, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
         except OSError as e:
             raise FormatError(f"{path}: cannot open index: {e.strerror or e}") from e
-        return cls(buffer, path)
+        index = cls(np.frombuffer(mapping, np.uint8) if mapping is not None else np.zeros(0, np.uint8), path)
+        if mapping is not None:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        return index
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> ShardIndex:
