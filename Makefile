@@ -2,7 +2,8 @@
 #   make demo   sample photos, stoker doctor, pack, then one torchvision pipeline through a DataLoader and stoker.Loader
 #   make test   run the test suite (the torchvision tests in .venv-tv)
 #   make wheel  build the sdist and a wheel that carries its libjpeg-turbo into dist/
-#   make sanitize  the C extensions under AddressSanitizer + UBSan, stressed by many threads (5 minutes)
+#   make sanitize  the C extensions under AddressSanitizer + UBSan, stressed by many threads, and
+#                  the index reader fuzzed with damaged index files (about 8 minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -73,12 +74,14 @@ wheel: $(BUILD_VENV)/.installed
 # Sanitizer (the developer's in-place .so files are left alone), then tests/stress_extensions.py on
 # it: many more threads than cores, every DCT scale, restart-marker strips, damaged JPEGs, exact
 # resizes, transcodes, decode_chunk's chunks (exact crops too) and the photometric ops, each outcome checked against a
-# one-thread run. Python is not built with
+# one-thread run; then tests/fuzz_index.py: real index files damaged and read by every reader, the
+# Loader's native path (decode_chunk) at the offsets they give. Python is not built with
 # ASan, so its runtime is preloaded; leak reports would be Python's own.
 SANITIZE_DIR := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
 STRESS_SECONDS ?= 150
 STRESS_THREADS ?= 64
+FUZZ_SECONDS ?= 120
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR)
 	mkdir -p $(SANITIZE_DIR)
@@ -94,6 +97,11 @@ sanitize: $(STAMP)
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
 		$(BIN)/python tests/stress_extensions.py --require-build $(SANITIZE_DIR) \
 		--seconds $(STRESS_SECONDS) --threads $(STRESS_THREADS)
+	# the index reader: damaged index files through ShardIndex, ShardDataset, the Loader and stoker verify
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH=$(SANITIZE_DIR) \
+		$(BIN)/python tests/fuzz_index.py --require-build $(SANITIZE_DIR) --seconds $(FUZZ_SECONDS) \
+		--keep $(SANITIZE_DIR)/fuzz-index-failures
 
 clean:
 	rm -rf $(VENV) $(TV_VENV) $(BUILD_VENV) build dist demo-data .pytest_cache

@@ -29,7 +29,7 @@ class S3Server:
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"} if auth else None
         self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                         stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # starting moto imports a lot: slow on a busy machine
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()

@@ -304,18 +304,23 @@ def test_bad_credentials_for_a_reader_are_a_clear_error(packed, tmp_path):
         server.stop()
 
 
+def run_then_sleep(running) -> None:
+    running.set()
+    time.sleep(600)
+
+
 @pytest.mark.parametrize("inherit", [False, True])
 def test_a_forked_child_keeps_a_lock_only_when_asked(tmp_path, inherit):
     """A DataLoader worker forked while the stager holds a shard's lock must not hold it for its whole
     life; a pack's worker processes must (they keep the destination locked until the last is gone)."""
     path = tmp_path / "lock"
+    context = multiprocessing.get_context("fork")
+    running = context.Event()
     with exclusive(path, inherit=inherit):
-        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child = context.Process(target=run_then_sleep, args=(running,))
         child.start()
     try:
-        deadline = time.monotonic() + 5  # the child closes its copy as soon as it runs
-        while is_locked(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert running.wait(120)  # its fork hooks, which close what it must not keep, have run
         assert is_locked(path) == inherit
     finally:
         child.kill()

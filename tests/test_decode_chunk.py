@@ -209,9 +209,9 @@ def test_a_truncated_shard_raises_naming_it(photos, tmp_path, spec):
 
 @pytest.fixture
 def damaged_index(photos, tmp_path) -> tuple[Path, str]:
-    """A pack of ``photos`` (one shard) whose index gives one sample a first member past the next
-    sample's (its members: none, as sample_members reads them), read with verify=False (the index's
-    checksum would refuse it)."""
+    """A pack of ``photos`` (one shard) whose index gives one sample's members and bytes to the next
+    sample (its members: none; rows still in order, which opening checks), read with verify=False
+    (the index's checksum would refuse it)."""
     stoker.pack(photos, tmp_path / "ds", workers=1, progress=False)
     dataset = stoker.ShardDataset(tmp_path / "ds")
     assert len(dataset.shards.manifest.shards) == 1
@@ -219,8 +219,9 @@ def damaged_index(photos, tmp_path) -> tuple[Path, str]:
     key = dataset.key(local)
     index = np.memmap(tmp_path / "ds" / dataset.shards.manifest.shards[0].index, np.uint8, "r+")
     rows = index[HEADER_DTYPE.itemsize : HEADER_DTYPE.itemsize + (len(dataset) + 1) * SAMPLE_DTYPE.itemsize]
-    first = rows.view(SAMPLE_DTYPE)["first_member"]
-    first[local] = first[local + 1] + 1
+    rows = rows.view(SAMPLE_DTYPE)
+    rows["first_member"][local + 1] = rows["first_member"][local]
+    rows["start"][local + 1] = rows["start"][local]
     index.flush()
     return tmp_path / "ds", key
 
@@ -241,11 +242,11 @@ def test_a_damaged_index_skips_as_the_per_image_path_does(damaged_index, monkeyp
 
 def test_first_members_finds_each_samples_image_member():
     builder = IndexBuilder()
-    builder.add("a", 0, [("cls", 0, 1, 0), ("jpg", 10, 5, 0)], 0)
-    builder.add("b", 1, [("jpg", 20, 5, 0)], 15)
-    builder.add("c", 2, [("cls", 30, 1, 0)], 25)  # no image member
-    builder.add("d", 3, [("png", 40, 5, 0), ("jpg", 50, 5, 0)], 35)
-    index = ShardIndex.from_bytes(builder.to_bytes(60, 60), "test")
+    builder.add("a", 0, [("cls", 512, 1, 0), ("jpg", 1536, 5, 0)], 0)  # members where a tar puts them
+    builder.add("b", 1, [("jpg", 2560, 5, 0)], 2048)
+    builder.add("c", 2, [("cls", 3584, 1, 0)], 3072)  # no image member
+    builder.add("d", 3, [("png", 4608, 5, 0), ("jpg", 5632, 5, 0)], 4096)
+    index = ShardIndex.from_bytes(builder.to_bytes(6144, 7168), "test")
     assert index.first_members(("jpg",)).tolist() == [1, 2, -1, 5]
     assert index.first_members(("jpg", "png")).tolist() == [1, 2, -1, 4]
     assert index.first_members(("webp",)).tolist() == [-1, -1, -1, -1]

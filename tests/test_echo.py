@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
@@ -17,25 +19,44 @@ BATCH = 8
 
 class Producer:
     """``batches`` batches per pass, each taking ``delay`` seconds to make: images (B, 3, 4, 4)
-    filled with each example's id, and the ids as labels, so every served example can be checked."""
+    filled with each example's id, and the ids as labels, so every served example can be checked.
+    With ``pace``, batch b > 0 is made only once ``pace(b)`` is true (counted work, not time: a
+    producer slower than its loop however busy the machine). ``handed`` counts the batches taken
+    from it (the consumer of the generator came back for the next)."""
 
-    def __init__(self, batches: int, delay: float = 0.0, fail_after: int | None = None) -> None:
-        self.batches, self.delay, self.fail_after = batches, delay, fail_after
+    def __init__(self, batches: int, delay: float = 0.0, fail_after: int | None = None,
+                 pace: Callable[[int], bool] | None = None) -> None:
+        self.batches, self.delay, self.fail_after, self.pace = batches, delay, fail_after, pace
+        self.handed = 0
 
     def __iter__(self):
         for b in range(self.batches):
             if self.fail_after is not None and b == self.fail_after:
                 raise OSError("disk went away")
+            if self.pace is not None and b:
+                wait_until(partial(self.pace, b))
             time.sleep(self.delay)
             ids = torch.arange(b * BATCH, (b + 1) * BATCH)
             yield ids.float()[:, None, None, None].expand(-1, 3, 4, 4).clone(), ids
+            self.handed = b + 1
 
 
-def consume(batches, step: float = 0.0):
-    """Labels of every served batch, and the time each ``next()`` took; checks images match labels."""
+def wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Wait for ``condition`` (a generous deadline: only a condition never met fails)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+def consume(batches, step: float = 0.0, before: Callable[[int], object] | None = None, count: int | None = None):
+    """Labels of every served batch (the first ``count``), and the time each ``next()`` took;
+    checks images match labels. ``before(k)`` runs before batch k is asked for."""
     labels, waits = [], []
     iterator = iter(batches)
-    while True:
+    while count is None or len(labels) < count:
+        if before is not None:
+            before(len(labels))
         asked = time.perf_counter()
         try:
             images, ids = next(iterator)
@@ -46,46 +67,60 @@ def consume(batches, step: float = 0.0):
         assert torch.equal(images[:, 0, 0, 0].long(), ids)  # every example kept its own label
         labels.append(ids)
         time.sleep(step)
+    return labels, waits
 
 
 def test_adaptive_echoes_nothing_when_the_producer_keeps_up():
-    """A producer that makes a batch at once, a loop of 100 ms steps: the upstream thread refills
-    its two prefetched batches within a step unless the machine starves it for ~200 ms."""
-    echoed = stoker.echo(Producer(12))
-    labels, _ = consume(echoed, step=0.1)
+    """Each batch after the first (whose ask starts the upstream thread) is asked for once the
+    producer has made it (the upstream thread came back for the next): a fresh one is always
+    there, so nothing is echoed, however busy the machine."""
+    producer = Producer(12)
+    echoed = stoker.echo(producer)
+    labels, _ = consume(echoed, before=lambda k: k == 0 or wait_until(lambda: producer.handed > k), count=12)
     assert echoed.stats().echoed_batches == 0
     assert torch.equal(torch.cat(labels), torch.arange(12 * BATCH))  # fresh batches, in order
 
 
 @pytest.mark.parametrize("mode", ["example", "batch"])
 def test_adaptive_keeps_a_slow_producer_s_consumer_busy(mode):
-    """Producer 10x slower than the loop: once the first fresh batch is in, the loop never waits
+    """A producer that makes its next batch only after 5 echoes were served (counted, not timed:
+    slower than the loop on any machine): once the first fresh batch is in, the loop never waits
     for a fresh one (the echoer's own count of time blocked on the producer stays at the first
     batch's), no example is served more than max_factor times, and every fresh example comes
-    exactly once per pass. Wide margins: a busy machine slows the loop's steps and the producer alike."""
-    echoed = stoker.echo(Producer(10, delay=0.1), mode=mode, max_factor=20)
+    exactly once per pass."""
+    echoed = None
+    producer = Producer(10, pace=lambda b: echoed.stats().echoed_batches >= start + 5 * b)
+    echoed = stoker.echo(producer, mode=mode, max_factor=20)
     for _ in range(2):  # two passes: the second starts afresh
         before = echoed.stats()
-        labels, waits = consume(echoed, step=0.01)
+        start = before.echoed_batches
+        labels, waits = consume(echoed)
         after = echoed.stats()
         counts = Counter(torch.cat(labels).tolist())
         assert set(counts) == set(range(10 * BATCH)) and max(counts.values()) <= 20
         assert after.fresh_batches - before.fresh_batches == 10
-        assert after.echoed_batches - before.echoed_batches >= 10  # ~9 per fresh batch; 1 unless the loop is 10x slow
-        # Without echoing, every step would wait ~90 ms for a fresh batch.
+        assert after.echoed_batches - before.echoed_batches >= 9 * 5
         assert after.wait_s - before.wait_s <= waits[0], (after.wait_s - before.wait_s, waits[0])
 
 
 def test_adaptive_respects_max_factor_and_waits_when_it_is_spent():
+    """A loop with no step of its own asks far faster than a producer of 30 ms batches: every
+    example is echoed up to the limit, then the loop waits for fresh data (most of the 0.3 s the
+    producer takes; a busy machine only lengthens it)."""
     echoed = stoker.echo(Producer(10, delay=0.03), max_factor=2)
-    labels, waits = consume(echoed, step=0.001)
+    labels, waits = consume(echoed)
     assert max(Counter(torch.cat(labels).tolist()).values()) <= 2
+    assert echoed.stats().echoed_batches > 0
     assert echoed.stats().wait_s > 0.1  # echoes ran out: the loop waited for fresh data
 
 
 def test_min_fresh_fraction_bounds_the_echoes():
-    echoed = stoker.echo(Producer(10, delay=0.03), max_factor=10, min_fresh_fraction=0.5)
-    consume(echoed, step=0.001)
+    """A producer that makes its next batch only after an echo was served: echoes are allowed
+    while fresh examples are at least half of those served, and never more."""
+    echoed = None
+    producer = Producer(10, pace=lambda b: echoed.stats().echoed_batches >= b)
+    echoed = stoker.echo(producer, max_factor=10, min_fresh_fraction=0.5)
+    consume(echoed)
     stats = echoed.stats()
     assert stats.echoed_examples <= stats.fresh_examples
     assert stats.echoed_batches > 0

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import mmap
+import re
 
 import numpy as np
 import pytest
 
-from stoker.errors import FormatError
+from stoker.errors import CorruptDataError, FormatError
 from stoker.format import IndexBuilder, Manifest, ShardEntry, ShardIndex, read_manifest, write_manifest
+from stoker.format.index import HEADER_DTYPE
+from tests.damage import index_sections
 
 
 def build_index() -> bytes:
@@ -23,7 +27,10 @@ def test_index_round_trip(tmp_path):
     path = tmp_path / "x.idx"
     path.write_bytes(build_index())
     index = ShardIndex.open(path)
-    assert isinstance(index.buffer.base, np.memmap)  # mapped, not read into memory
+    base = index.buffer
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)  # mapped, not read into memory
     assert len(index) == 3
     assert [index.key(i) for i in range(3)] == ["a/one", "b/two", "c"]
     assert index.labels.tolist() == [3, -1, 7]
@@ -34,36 +41,83 @@ def test_index_round_trip(tmp_path):
     assert len(index.sample_members(2)) == 0
     assert index.find("b/two") == 1 and index.find("c") == 2 and index.find("a/on") == -1
     assert index.span(0, 0) == (0, 2048) and index.span(1, 2) == (2048, 7680)
-    index.check()
+    assert index.key_table() == [b"a/one", b"b/two", b"c"]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: b"NOTANIDX" + b[8:], "bad magic"),
-    (lambda b: b[:-3], "header describes"),
-    (lambda b: b[:20], "too short"),
-    (lambda b: b"", "too short"),
+@pytest.mark.parametrize("damage, error, message", [
+    (lambda b: b"NOTANIDX" + b[8:], FormatError, "bad magic"),
+    (lambda b: b[:-3], CorruptDataError, "header describes"),
+    (lambda b: b[:20], CorruptDataError, "too short"),
+    (lambda b: b"", CorruptDataError, "too short"),
 ])
-def test_index_damage_is_named(tmp_path, damage, message):
+def test_index_damage_is_named(tmp_path, damage, error, message):
     path = tmp_path / "bad.idx"
     path.write_bytes(damage(build_index()))
-    with pytest.raises(FormatError, match=message) as info:
+    with pytest.raises(error, match=message) as info:
         ShardIndex.open(path)
     assert str(path) in str(info.value)
 
 
-def test_full_check_finds_damaged_rows():
+def set_header(data: bytearray, field: str, value: int) -> None:
+    np.frombuffer(data, np.uint8)[:64].view(HEADER_DTYPE)[0][field] = value
+
+
+# Each damages one row of build_index() (samples a/one, b/two with 5 members, c with none) as a
+# damaged disk or a hostile file would: (section, row, field, value) edits, and what opening must say.
+ROW_DAMAGE = {
+    "start 2**63": ([("rows", 1, "start", 2**63)], "sample 1's bytes start at 9223372036854775808, past the end"),
+    "starts out of order": ([("rows", 1, "start", 8000)], "sample 2's bytes start before sample 1's"),
+    "first member past the table": ([("rows", 1, "first_member", 99)], "sample 1's members start at row 99, past"),
+    "member ranges backwards": ([("rows", 2, "first_member", 1)], "sample 2's members start before sample 1's"),
+    "first row's members": ([("rows", 0, "first_member", 1)], "sample 0's members start at row 1, not 0"),
+    "field id": ([("members", 3, "field", 7)], "member 3 (of sample 1) refers to field 7, the field table has 7"),
+    "field id 2**32-1": ([("members", 0, "field", 2**32 - 1)], "member 0 (of sample 0) refers to field 4294967295"),
+    "offset 2**64-1": ([("members", 2, "offset", 2**64 - 1)], "member 2 (of sample 1) lies past the end of the shard"),
+    "size 2**63": ([("members", 0, "size", 2**63)], "member 0 (of sample 0) lies past the end of the shard"),
+    "size into the next member": ([("members", 2, "size", 600)], "member 3 (of sample 1) starts before the end"),
+    "member in its header": ([("members", 0, "offset", 100)], "sample 0's first member starts before its tar header"),
+    "member past its sample": ([("members", 6, "size", 1500)], "sample 1's last member ends past the sample's bytes"),
+    "key offsets": ([("rows", 1, "key_offset", 4)], "sample 0's key does not end with NUL"),
+    "key offset 2**32-1": ([("rows", 2, "key_offset", 2**32 - 1)], "sample 1's key does not end"),
+    "NUL inside a key": ([("keys", 8, None, 0)], "sample 1's key does not end with NUL"),
+    "no leading NUL": ([("keys", 0, None, 65)], "the key table does not start with NUL"),
+    "key not UTF-8": ([("keys", 8, None, 0xFF)], "sample 1's key is not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("what", ROW_DAMAGE)
+def test_every_row_is_checked_on_open(tmp_path, what):
     data = bytearray(build_index())
-    data[64 + 4 * 24 : 64 + 4 * 24 + 8] = (20_000).to_bytes(8, "little")  # member 0's offset
-    with pytest.raises(FormatError, match="past the end of the shard"):
-        ShardIndex.from_bytes(bytes(data), "mem").check()
+    edits, message = ROW_DAMAGE[what]
+    views = dict(zip(("rows", "members", "keys"), index_sections(data)))
+    for section, row, field, value in edits:
+        (views[section][field] if field else views[section])[row] = value
+    path = tmp_path / "x.idx"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptDataError, match=re.escape(message)) as info:
+        ShardIndex.open(path)
+    assert info.value.shard == str(path) and "corrupt index" in str(info.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_members", 3, "the closing row does not match the header"),
+    ("shard_bytes", 2**64 - 1, "the header's shard size 18446744073709551615 is beyond any file"),
+    ("shard_bytes", 7000, "the closing row does not match the header"),
+])
+def test_the_header_is_checked_against_the_rows(field, value, message):
     data = bytearray(build_index())
-    data[64 + 24 + 8 : 64 + 24 + 12] = (99).to_bytes(4, "little")  # sample 1's first_member
-    with pytest.raises(FormatError, match="member ranges are not in order"):
-        ShardIndex.from_bytes(bytes(data), "mem").check()
-    data = bytearray(build_index())
-    data[64 + 3 * 24 + 8 : 64 + 3 * 24 + 12] = (3).to_bytes(4, "little")  # closing row's first_member
-    with pytest.raises(FormatError, match="closing row"):
+    set_header(data, field, value)
+    if field == "num_members":  # the sections still add up to the file: shorter members, a longer field table
+        set_header(data, "fields_nbytes", int(np.frombuffer(data, np.uint8)[:64].view(HEADER_DTYPE)[0]["fields_nbytes"]) + 4 * 28)
+    with pytest.raises(CorruptDataError, match=re.escape(message)):
         ShardIndex.from_bytes(bytes(data), "mem")
+
+
+def test_a_field_table_without_its_last_nul_is_damage():
+    data = build_index()
+    at = data.rindex(b"004.jpg\0") + 7  # the last field name's NUL
+    with pytest.raises(CorruptDataError, match="the field table does not end with NUL"):
+        ShardIndex.from_bytes(data[:at] + b"x" + data[at + 1 :], "mem")
 
 
 def manifest(names=("shard-000000.tar",)) -> Manifest:

@@ -86,7 +86,7 @@ def test_killed_ray_pack_resumes_with_only_the_missing_shards(cluster, photos, p
     run = BlockedPack(photos, tmp_path, 60, 1, "--engine", "ray", "--address", cluster)
     dst = run.dst
     try:
-        wait_for(lambda: len(list(dst.glob("shard-*.tar"))) >= 4 and list(dst.glob(".shard-*.tmp")), timeout=60)
+        wait_for(lambda: len(list(dst.glob("shard-*.tar"))) >= 4 and list(dst.glob(".shard-*.tmp")))
         time.sleep(0.2)
     finally:
         run.kill()

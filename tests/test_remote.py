@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 
 import pytest
 import torch.utils.data
@@ -14,7 +13,7 @@ import stoker
 from stoker.errors import RemoteError
 from stoker.storage.remote import cache_root
 from tests.conftest import SMALL_SHARD
-from tests.test_resume import BlockedPack, wait_for
+from tests.test_resume import BlockedPack
 
 
 @pytest.fixture(autouse=True)
@@ -100,11 +99,8 @@ def test_killed_pack_to_s3_resumes_and_uploads_only_missing_shards(s3, photos, p
            "AWS_ENDPOINT_URL": s3.url, "AWS_DEFAULT_REGION": "eu-west-1"}
     run = BlockedPack(photos, tmp_path, 60, 1, dst="s3://resume/ds", env=env)
     try:
-        wait_for(lambda: s3.requests("PUT", "/resume/ds/shard-") >= 8)  # each task uploads its own shard at once
-        settled = -1
-        while settled != s3.requests("PUT", "/resume/ds/shard-"):  # until the worker waits on the blocked photo
-            settled = s3.requests("PUT", "/resume/ds/shard-")
-            time.sleep(1.0)
+        run.wait_blocked()  # each task uploads its own shard at once: every shard before the photo is up
+        assert s3.requests("PUT", "/resume/ds/shard-") >= 8
     finally:
         run.kill()
     uploaded_before = s3.requests("PUT", "/resume/ds/shard-")

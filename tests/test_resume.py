@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ def files_state(root: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in root.glob("shard-*")}
 
 
-def wait_for(condition, timeout: float = 30.0) -> None:
+def wait_for(condition, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -31,10 +32,11 @@ def wait_for(condition, timeout: float = 30.0) -> None:
 
 
 # Holds a write lease on a file (fcntl F_SETLEASE): the kernel then makes any other process's open()
-# of it wait until the lease is let go (or lease-break-time, 45 s by default, has passed).
+# of it wait until the lease is let go (or lease-break-time, 45 s by default, has passed), and
+# tells the holder (SIGIO), which says so: "blocked".
 _HOLD_LEASE = """
 import fcntl, os, signal, sys
-signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's notice that someone waits to open the file
+signal.signal(signal.SIGIO, lambda *_: print("blocked", flush=True))
 fd = os.open(sys.argv[1], os.O_RDWR)
 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
 print("held", flush=True)
@@ -69,6 +71,11 @@ class BlockedPack:
         else:
             self.process.kill()  # the main process only, as the OOM killer would
         self.process.wait(timeout=10)
+
+    def wait_blocked(self, timeout: float = 120.0) -> None:
+        """Wait until the pack waits to open the blocked photo (a generous deadline)."""
+        ready, _, _ = select.select([self.holder.stdout], [], [], timeout)
+        assert ready and self.holder.stdout.readline().strip() == "blocked", "the pack never reached the photo"
 
     def unblock(self) -> None:
         self.holder.stdin.close()
@@ -117,18 +124,86 @@ def test_full_disk_keeps_completed_shards_and_resumes(photos, small_disk):
     assert verify_dataset(dst) == []
 
 
+def forked_children(pid: int) -> list[int]:
+    """The processes ``pid`` forked and that still run its program (pack workers; not the
+    helpers multiprocessing starts with exec)."""
+    program = Path(f"/proc/{pid}/cmdline").read_bytes()
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and (stat.parent / "cmdline").read_bytes() == program:
+                children.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+    return children
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for whoever adopted it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def assert_workers_end_and_the_folder_packs(workers: list[int], src: Path, dst: Path) -> None:
+    """Every worker of the killed pack exits by itself (a generous deadline: only a worker left
+    waiting forever fails it), so the pack lock is free and the next pack into the folder works."""
+    assert workers
+    try:
+        wait_for(lambda: not any(map(running, workers)), timeout=120)
+    except TimeoutError:
+        for pid in filter(running, workers):
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail("a pack worker outlived the pack process (it would hold the pack lock forever)")
+    result = stoker.pack(src, dst, shard_bytes=600_000, workers=2, progress=False)
+    assert result.num_samples == len(list(src.rglob("*.jpg")))
+    assert verify_dataset(dst) == []
+
+
 def test_killing_only_the_main_process_stops_its_workers(photos, tmp_path):
     run = BlockedPack(photos, tmp_path, position=40, workers=2)
     try:
-        wait_for(lambda: list(run.dst.glob(".shard-*.tmp")))
+        wait_for(lambda: list(run.dst.glob(".shard-*.tmp")) and len(forked_children(run.process.pid)) == 2)
+        workers = forked_children(run.process.pid)
     finally:
         run.kill(whole_group=False)
-    # A worker is still blocked opening the photo and holds the pack lock; it must exit by itself, and the
-    # rerun waits for it rather than racing it.
+    # A worker is still blocked opening the photo and holds the pack lock; it must exit by itself.
     run.unblock()
-    result = stoker.pack(run.src, run.dst, shard_bytes=600_000, workers=2, progress=False)
-    assert result.num_samples == len(list(run.src.rglob("*.jpg")))
-    assert verify_dataset(run.dst) == []
+    assert_workers_end_and_the_folder_packs(workers, run.src, run.dst)
+
+
+# `stoker pack` whose workers wait, right after their fork, until the file argv[3] exists: the
+# test kills the pack before or after their initializers run (os.register_at_fork's hook runs in
+# the child inside fork(), before multiprocessing starts the worker).
+_PACK_WORKERS_HELD = """
+import os, sys, time
+import stoker
+def hold():
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.01)
+os.register_at_fork(after_in_child=hold)
+stoker.pack(sys.argv[1], sys.argv[2], shard_bytes=600_000, workers=2, progress=False)
+"""
+
+
+@pytest.mark.parametrize("when", ["before the workers' initializers", "while a worker writes a shard"])
+def test_pack_workers_end_with_their_pack_however_early_it_dies(photos, tmp_path, when):
+    src, dst, gate = tmp_path / "src", tmp_path / "dst", tmp_path / "go"
+    shutil.copytree(photos, src)
+    if when == "while a worker writes a shard":
+        gate.touch()
+    pack = subprocess.Popen([sys.executable, "-c", _PACK_WORKERS_HELD, str(src), str(dst), str(gate)])
+    try:
+        wait_for(lambda: len(forked_children(pack.pid)) == 2 and (not gate.exists() or list(dst.glob(".shard-*.tmp"))),
+                 timeout=120)
+        workers = forked_children(pack.pid)
+    finally:
+        pack.kill()
+        pack.wait()
+    gate.touch()
+    assert_workers_end_and_the_folder_packs(workers, src, dst)
 
 
 def test_a_second_pack_into_the_same_folder_is_refused(photos, tmp_path, monkeypatch):

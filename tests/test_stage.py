@@ -3,7 +3,6 @@ its own process), verified, resumable, fetched once, with clear errors."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -66,11 +65,9 @@ def test_a_stopped_server_gives_retries_then_a_clear_error(packed, tmp_path):
     server.fs.mkdir("data")
     server.fs.put(str(packed) + "/", "data/packed", recursive=True)
     server.stop()
-    start = time.monotonic()
-    with pytest.raises(StageError, match=r"failed after 3 attempts"):
+    with pytest.raises(StageError, match=r"failed after 3 attempts"):  # the retries counted, not timed
         stage("s3://data/packed", tmp_path / "local", progress=False, retries=2, backoff=0.1,
               storage_options=server.options)
-    assert time.monotonic() - start < 60
 
 
 def test_bad_credentials_are_a_clear_error(packed, tmp_path):

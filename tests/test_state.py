@@ -190,13 +190,21 @@ PAGE = 4096
 def evict_settled(files: list[Path]) -> bool:
     """Drop ``files`` from the page cache and wait until no page comes back: reads that the first
     loader's read-ahead hints queued may still be in flight (on a busy disk, for a while), and would
-    land after one eviction. False when the pages never go (a file system that keeps them)."""
-    for _ in range(30):
-        evict(files)
+    land after one eviction. False when an eviction drops nothing (a file system that keeps its
+    pages: tmpfs); a slow disk is waited for (a generous deadline), never taken for one."""
+    def resident() -> int:
+        return sum(int(resident_pages(f).sum()) for f in files)
+
+    before = resident()
+    evict(files)
+    if before and resident() >= before:
+        return False
+    deadline = time.monotonic() + 120
+    while resident():
+        assert time.monotonic() < deadline, "pages kept coming back for two minutes"
         time.sleep(0.1)
-        if not any(resident_pages(f).any() for f in files):
-            return True
-    return False
+        evict(files)
+    return True
 
 
 def test_a_resume_reads_only_the_rest_of_the_epoch(packed, tmp_path):

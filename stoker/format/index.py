@@ -14,21 +14,24 @@ Sample i's members are ``members[first_member[i]:first_member[i + 1]]``, its key
 ``start[i]:start[i + 1]``: ends are the next row's starts, so nothing is stored twice (about
 90 bytes per image sample with its class member). The index gives O(1) access to any member without scanning the tar,
 and labels and keys without touching shard data. Worker processes share the mapped pages
-instead of copying Python objects, and map only the pages they touch.
+instead of copying Python objects.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from stoker.errors import FormatError
+from stoker.errors import CorruptDataError, FormatError
+from stoker.format.tar import BLOCK
 
 INDEX_MAGIC = b"STKIDX\x00\x01"
 INDEX_VERSION = 1
 NO_LABEL = -1
+_MAX_SHARD_BYTES = 1 << 62  # beyond any file; offsets and sizes below it add up inside int64
 
 HEADER_DTYPE = np.dtype(
     [
@@ -65,11 +68,76 @@ def _aligned(n: int) -> int:
     return n + (-n % 8)
 
 
+def rows_problem(rows: np.ndarray, members: np.ndarray, keys: np.ndarray, num_fields: int,
+                 shard_bytes: int) -> str | None:
+    """Why an index's rows cannot be trusted, naming the first bad row, or None if they can.
+
+    ``rows`` are the samples and the closing row (already found to match the header, its start
+    inside the shard of ``shard_bytes`` < 2**62 bytes), ``keys`` the key table, ``num_fields``
+    the length of the field table. Every check is a few numpy operations over the whole index.
+    """
+    first, key_at = rows["first_member"], rows["key_offset"]
+    n = len(rows) - 1
+    if first[0] != 0:
+        return f"sample 0's members start at row {int(first[0])}, not 0"
+    if (i := _first(first > len(members))) is not None:
+        return f"sample {i}'s members start at row {int(first[i])}, past the last member row ({len(members)})"
+    if (i := _first(first[1:] < first[:-1])) is not None:
+        return f"sample {i + 1}'s members start before sample {i}'s"
+    if (i := _first(rows["start"] > shard_bytes)) is not None:
+        return f"sample {i}'s bytes start at {int(rows[i]['start'])}, past the end of the shard ({shard_bytes} bytes)"
+    if (i := _first(rows["start"][1:] < rows["start"][:-1])) is not None:
+        return f"sample {i + 1}'s bytes start before sample {i}'s"
+    nul = np.flatnonzero(keys == 0)  # where a key ends, and the table's leading NUL
+    if len(nul) != n + 1 or np.any(nul != key_at.astype(np.int64) - 1):
+        k = _first(nul[: n + 1] != key_at[: len(nul)].astype(np.int64) - 1)
+        k = min(len(nul), n + 1) if k is None else k
+        if k == 0:
+            return "the key table does not start with NUL"
+        return f"sample {k - 1}'s key does not end with NUL where sample {k}'s row says (or holds one)"
+    try:
+        if len(keys) and keys.max() >= 0x80:  # ASCII needs no decoding
+            str(keys.data, "utf-8")
+    except UnicodeDecodeError as e:
+        i = int(np.searchsorted(key_at, e.start, side="right")) - 1
+        return f"sample {i}'s key is not UTF-8"
+    if not len(members):
+        return None
+    if (j := _first(members["field"] >= num_fields)) is not None:
+        return f"{_member(first, j)} refers to field {int(members[j]['field'])}, the field table has {num_fields}"
+    offset, size = members["offset"], members["size"]
+    if (j := _first((offset > shard_bytes) | (size > shard_bytes - np.minimum(offset, shard_bytes)))) is not None:
+        return f"{_member(first, j)} lies past the end of the shard ({shard_bytes} bytes)"
+    offset = offset.astype(np.int64)  # every value is now below 2**62: sums stay inside int64
+    end = offset + size.astype(np.int64)
+    if (j := _first(offset[1:] < end[:-1] + BLOCK)) is not None:
+        return f"{_member(first, j + 1)} starts before the end of the previous member and a tar header"
+    start = rows["start"].astype(np.int64)
+    owns = np.flatnonzero(first[1:] > first[:-1])  # the samples with members
+    if (i := _first(offset[first[owns]] < start[owns] + BLOCK)) is not None:
+        return f"sample {int(owns[i])}'s first member starts before its tar header ends"
+    if (i := _first(end[first[owns + 1].astype(np.int64) - 1] > start[owns + 1])) is not None:
+        return f"sample {int(owns[i])}'s last member ends past the sample's bytes"
+    return None
+
+
+def _first(bad: np.ndarray) -> int | None:
+    """The position of the first True in ``bad``, or None."""
+    return int(bad.argmax()) if bad.any() else None
+
+
+def _member(first: np.ndarray, j: int) -> str:
+    """Member row ``j`` named with its sample."""
+    return f"member {j} (of sample {int(np.searchsorted(first, j, side='right')) - 1})"
+
+
 class ShardIndex:
     """Read access to one shard's index; arrays are views of the mapped file.
 
-    Opening checks only what is O(1) (magic, version, section sizes, the sentinel row), so a
-    worker maps just the pages it reads; :meth:`check` validates every row (``stoker verify``).
+    Opening checks every row (vectorised, tens of microseconds for a shard of ~1,300 images):
+    ranges in order, every span, member and key inside its shard, section and sample, field ids
+    known, keys UTF-8. So no reader trusts a wild span, field id or key, whether or not it checks
+    the file's checksum; damage is a CorruptDataError naming the file and the first bad row.
     """
 
     def __init__(self, buffer: np.ndarray, source: str) -> None:
@@ -77,7 +145,7 @@ class ShardIndex:
         # A plain ndarray view of the mapping: indexing np.memmap costs several times more per call.
         self.buffer = buffer = buffer.view(np.ndarray)
         if buffer.nbytes < HEADER_DTYPE.itemsize:
-            raise FormatError(f"{source}: index too short ({buffer.nbytes} bytes)")
+            raise self._damage(f"index too short ({buffer.nbytes} bytes)")
         header = buffer[: HEADER_DTYPE.itemsize].view(HEADER_DTYPE)[0]
         if header["magic"] != INDEX_MAGIC:
             raise FormatError(f"{source}: not a stoker index (bad magic)")
@@ -91,33 +159,51 @@ class ShardIndex:
             sections.append((pos, pos + nbytes))
             pos = _aligned(pos + nbytes)
         if sections[-1][1] != buffer.nbytes:
-            raise FormatError(f"{source}: index is {buffer.nbytes} bytes, header describes {sections[-1][1]}")
+            raise self._damage(f"index is {buffer.nbytes} bytes, header describes {sections[-1][1]}")
         (s0, s1), (m0, m1), (f0, f1), (k0, k1) = sections
         self.shard_bytes = int(header["shard_bytes"])
         self.rows = buffer[s0:s1].view(SAMPLE_DTYPE)
         self.samples = self.rows[:-1]
         self._first_member = self.rows["first_member"]
         self.members = buffer[m0:m1].view(MEMBER_DTYPE)
+        names = buffer[f0:f1].tobytes()
         try:
-            self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in buffer[f0:f1].tobytes().split(b"\0")[:-1])
+            self.fields: tuple[str, ...] = tuple(x.decode("utf-8") for x in names.split(b"\0")[:-1])
         except UnicodeDecodeError:
-            raise FormatError(f"{source}: corrupt index: field names are not UTF-8") from None
+            raise self._damage("field names are not UTF-8") from None
+        if names[-1:] not in (b"", b"\0"):
+            raise self._damage("the field table does not end with NUL")
         self._keys = buffer[k0:k1]
         self._first_members: dict[tuple[str, ...], np.ndarray] = {}
         end = self.rows[-1]
         if int(end["first_member"]) != m or int(end["key_offset"]) != keys_nbytes or int(end["start"]) > self.shard_bytes:
-            raise FormatError(f"{source}: corrupt index: the closing row does not match the header")
+            raise self._damage("the closing row does not match the header")
+        if self.shard_bytes > _MAX_SHARD_BYTES:
+            raise self._damage(f"the header's shard size {self.shard_bytes} is beyond any file")
+        if problem := rows_problem(self.rows, self.members, self._keys, len(self.fields), self.shard_bytes):
+            raise self._damage(problem)
+
+    def _damage(self, reason: str) -> CorruptDataError:
+        return CorruptDataError(self.source, None, f"corrupt index: {reason}")
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ShardIndex:
-        """Memory-map the index file at ``path``."""
+        """Memory-map the index file at ``path``.
+
+        The row checks read every page of the mapping; they are then let go from this process
+        (``MADV_DONTNEED``: they stay in the page cache), so that a process's resident memory
+        holds only the pages its reads touch, as before the checks (a sampler's process the
+        labels and starts, a DataLoader worker the rows of the samples it reads)."""
         path = os.fspath(path)
         try:
-            size = os.path.getsize(path)
-            buffer = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+            with open(path, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
         except OSError as e:
             raise FormatError(f"{path}: cannot open index: {e.strerror or e}") from e
-        return cls(buffer, path)
+        index = cls(np.frombuffer(mapping, np.uint8) if mapping is not None else np.zeros(0, np.uint8), path)
+        if mapping is not None:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        return index
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str) -> ShardIndex:
@@ -136,6 +222,10 @@ class ShardIndex:
         """Key of sample ``i`` of this shard."""
         start, end = int(self.rows[i]["key_offset"]), int(self.rows[i + 1]["key_offset"]) - 1
         return self._keys[start:end].tobytes().decode("utf-8")
+
+    def key_table(self) -> list[bytes]:
+        """Every sample's key, UTF-8, in order (for a scan of the whole shard)."""
+        return self._keys.tobytes().split(b"\0")[1:-1]
 
     def find(self, key: str) -> int:
         """Position of the sample with this key in the shard, or -1 (a linear search in C)."""
@@ -156,8 +246,6 @@ class ShardIndex:
         if cached is None:
             wanted = np.flatnonzero(np.isin(self.members["field"],
                                             [i for i, name in enumerate(self.fields) if name in fields]))
-            # each sample's range [start, end) as sample_members slices it, whatever a damaged
-            # (unverified) index says: ranges out of order or past the end give what the slice gives
             start, end = self._first_member[:-1].astype(np.int64), self._first_member[1:].astype(np.int64)
             at = np.searchsorted(wanted, start)  # the first wanted row at or after each start
             rows = wanted[np.minimum(at, len(wanted) - 1)] if len(wanted) else np.zeros(len(start), np.int64)
@@ -168,23 +256,6 @@ class ShardIndex:
     def span(self, first: int, last: int) -> tuple[int, int]:
         """Byte range in the shard of samples ``first..last`` (inclusive), headers included."""
         return int(self.rows[first]["start"]), int(self.rows[last + 1]["start"])
-
-    def check(self) -> None:
-        """Validate every row, so a damaged index fails here and not as a wild read later."""
-        rows, m = self.rows, self.members
-        bad = None
-        if np.any(np.diff(rows["first_member"].astype(np.int64)) < 0):
-            bad = "member ranges are not in order"
-        elif np.any(np.diff(rows["key_offset"].astype(np.int64)) <= 0) or (len(rows) > 1 and rows[0]["key_offset"] != 1):
-            bad = "key table offsets are not in order"
-        elif np.any(np.diff(rows["start"].astype(np.int64)) < 0):
-            bad = "sample byte spans are not in order"
-        elif len(m) and (np.any(m["offset"] > self.shard_bytes) or np.any(m["size"] > self.shard_bytes - m["offset"])):
-            bad = "member extends past the end of the shard"
-        elif len(m) and m["field"].max() >= len(self.fields):
-            bad = "member refers to an unknown field"
-        if bad:
-            raise FormatError(f"{self.source}: corrupt index: {bad}")
 
 
 @dataclass

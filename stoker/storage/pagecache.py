@@ -80,10 +80,12 @@ def willneed(fd: int, start: int, length: int) -> None:
 
     Linux reads at most max(read_ahead_kb, max_sectors_kb) per ``posix_fadvise(WILLNEED)`` call
     (128 KB to a few MB on most machines) and silently drops the rest of the range; a read of a
-    dropped page then waits behind everything queued. So the range goes out in pieces of that size.
+    dropped page then waits behind everything queued. So the range goes out in pieces of that size,
+    up to the end of the file only: a wild range (a damaged index's) costs no more than the file.
     """
-    step = _readahead_cap(os.fstat(fd).st_dev)
-    end = start + length
+    stat = os.fstat(fd)
+    step = _readahead_cap(stat.st_dev)
+    end = min(start + length, stat.st_size)
     while start < end:
         os.posix_fadvise(fd, start, min(step, end - start), os.POSIX_FADV_WILLNEED)
         start += step
