@@ -7,7 +7,7 @@ installs without them; the Loader then decodes whole images with simplejpeg and 
 env` lists it), and --restart-rows is refused. `make wheel` builds a wheel that carries libjpeg-turbo
 (auditwheel repair). stoker.loader._resample (Pillow's resize, cut to a crop: the exact Resize +
 CenterCrop path) needs only a C compiler; without it that path calls Pillow. So does
-stoker.loader._photometric (ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL);
+stoker.augment._photometric (ColorJitter, grayscale and Normalize for a chunk of crops, without the GIL);
 without it the Loader augments each image with OpenCV calls.
 """
 
@@ -28,10 +28,11 @@ setup(
                   depends=["stoker/_jpeg_strict.h"], optional=True),
         Extension("stoker.loader._resample", ["stoker/loader/_resample.c", "stoker/loader/pillow_resample.c"],
                   extra_compile_args=["-ffp-contract=off"], depends=["stoker/loader/pillow_resample.h"], optional=True),
-        Extension("stoker.loader._photometric", ["stoker/loader/_photometric.c"],
-                  # its header says why each: fused multiply-adds only where written, vectorized loops
+        # the module (argument checks) and the kernels, which share photometric.h
+        Extension("stoker.augment._photometric", ["stoker/augment/_photometric.c", "stoker/augment/photometric_kernels.c"],
+                  # the kernels' header says why each: fused multiply-adds only where written, vectorized loops
                   extra_compile_args=["-ffp-contract=off", "-fno-trapping-math", "-fno-wrapv", "-ffinite-math-only",
                                       "-fno-signed-zeros"],
-                  optional=True),
+                  depends=["stoker/augment/photometric.h"], optional=True),
     ],
 )

@@ -17,10 +17,9 @@ import time
 
 import numpy as np
 
-from stoker.augment import Augment
+from stoker.augment import Augment, _photometric
 from stoker.augment.color import ColorJitter, Grayscale, Normalize
-from stoker.loader import _photometric
-from stoker.loader.photometric import encode
+from stoker.augment.native import encode
 
 PIPELINES = {
     "ColorJitter(.4, .4, .4) + Normalize": (ColorJitter(0.4, 0.4, 0.4), Normalize()),

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import stoker
-from stoker.loader.from_source import pack_once
+from stoker.pack.cache import pack_once
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

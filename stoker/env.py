@@ -30,7 +30,7 @@ from stoker.version import __version__
 
 REGION_DECODE = "stoker.loader._jpeg_region"
 EXACT_RESIZE = "stoker.loader._resample"
-PHOTOMETRIC = "stoker.loader._photometric"
+PHOTOMETRIC = "stoker.augment._photometric"
 FIX = ("install stoker's wheel, which carries libjpeg-turbo (`make wheel`, then pip install dist/stoker-*.whl), "
        "or install libjpeg-turbo's headers (libjpeg-turbo8-dev, libjpeg62-turbo-dev or libjpeg-turbo-devel) and "
        "reinstall stoker from source")
@@ -106,11 +106,14 @@ def warn_fallback_once() -> None:
 
 
 def _import_extension(name: str) -> ModuleType:
-    """The extension module ``name`` of stoker.loader, imported through the import system's finders."""
-    if "stoker.loader" in sys.modules:
+    """The extension module ``name`` (of stoker.loader or stoker.augment), imported through the import
+    system's finders."""
+    package = name.rpartition(".")[0]
+    if package in sys.modules:
         return importlib.import_module(name)
-    # Not through the package: stoker.loader's __init__ imports torch, ~1.7 s of `stoker env`'s time.
-    folder = [str(Path(__file__).with_name("loader"))]
+    # Not through the package: the __init__ of stoker.loader and of stoker.augment imports torch, ~1.7 s
+    # of `stoker env`'s time.
+    folder = [str(Path(__file__).with_name(package.rpartition(".")[2]))]
     for finder in sys.meta_path:
         spec = finder.find_spec(name, folder) if hasattr(finder, "find_spec") else None
         if spec is not None and spec.loader is not None:

@@ -24,7 +24,7 @@ JPEGs and restart packs, damaged and truncated members, wrong checksums, members
 end or of absurd sizes, a directory's descriptor, random CropSpecs of every kind, exact or not,
 with outputs down to 1x1, JPEGs whose header claims 65500 x 65500 pixels and pixel budgets that
 refuse some of the others; and
-``_photometric.apply_chunk`` with the op codes and parameters ``photometric.encode`` makes of random
+``_photometric.apply_chunk`` with the op codes and parameters ``native.encode`` makes of random
 ColorJitter / Grayscale / Normalize pipelines, float32 and uint8 output, in every build the CPU
 runs, now and then with an op code that is none. Each case's outcome (a digest of the output bytes,
 or the error's type and message) is computed on one thread first; then THREADS threads run cases
@@ -60,14 +60,14 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from stoker.augment import Augment
+from stoker.augment import Augment, _photometric
 from stoker.augment.color import ColorJitter, Grayscale, Normalize
+from stoker.augment.native import encode
 from stoker.format.checksum import member_checksum
-from stoker.loader import _jpeg_region, _photometric, _resample
+from stoker.loader import _jpeg_region, _resample
 from stoker.loader.buffers import thread_buffer
 from stoker.loader.crops import CROP_TRIES, RESAMPLE_FILTERS
 from stoker.loader.decode_crop import _STRIP_SLACK
-from stoker.loader.photometric import encode
 from stoker.pack import _jpeg_restart, restarts
 from stoker.sample_data import make_sample_photos
 

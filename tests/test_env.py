@@ -14,10 +14,10 @@ import warnings
 import pytest
 
 import stoker
-from stoker.augment import Augment
+from stoker.augment import Augment, native
 from stoker.doctor.report import SCHEMA_PATH
 from stoker.env import REGION_DECODE, FallbackWarning, fallback_notes
-from stoker.loader import decode_crop, photometric
+from stoker.loader import decode_crop
 
 PARTS = ("region decode", "exact resize", "photometric", "simplejpeg", "OpenCV", "PyAV", "GPU decode", "Ray", "s3fs")
 
@@ -104,7 +104,7 @@ def test_stoker_env_lists_each_part_quickly():
     else:
         assert found["region decode"] == "no" and "Fix: " in run.stdout
     assert found["exact resize"] == ("yes" if decode_crop.resize_crop is not None else "no")
-    assert found["photometric"] == ("yes" if photometric.supports(Augment()) else "no")
+    assert found["photometric"] == ("yes" if native.supports(Augment()) else "no")
     assert found["simplejpeg"] == found["OpenCV"] == "yes"  # dependencies
     version = subprocess.run([sys.executable, "-m", "stoker.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.splitlines()[0] == head
@@ -115,6 +115,6 @@ def test_stoker_env_lists_each_part_quickly():
 def test_every_c_extension_is_built_where_required():
     """The extensions' own tests skip where one is not built (a user's install without a compiler or
     libjpeg's headers); where the build must have made them, a missing one fails here instead."""
-    for name in ("stoker.loader._jpeg_region", "stoker.loader._resample", "stoker.loader._photometric",
+    for name in ("stoker.loader._jpeg_region", "stoker.loader._resample", "stoker.augment._photometric",
                  "stoker.pack._jpeg_restart"):
         importlib.import_module(name)

@@ -15,7 +15,8 @@ import pytest
 import stoker
 from stoker.errors import PackError, PackMismatchError
 from stoker.format.layout import MANIFEST_NAME, WORK_DIR_NAME
-from stoker.loader.source_stamps import stamps_path
+from stoker.pack.cache import pack_cache_dir
+from stoker.pack.source_stamps import stamps_path
 from stoker.sample_data import make_sample_photos
 from tests.conftest import source_files
 
@@ -143,7 +144,7 @@ def test_an_interrupted_pack_starts_over_when_a_file_changed(folder, caplog, tmp
     options = {"pack_options": {"shard_bytes": SMALL_SHARD, "strict": True, "workers": 1}}
     with pytest.raises(PackError, match="stopped by --strict|truncated"):
         load(folder, caplog, **options)
-    pack_dir = stoker.loader.from_source.pack_cache_dir(folder, options["pack_options"])
+    pack_dir = pack_cache_dir(folder, options["pack_options"])
     assert any((pack_dir / WORK_DIR_NAME).glob("shard-000000*.json")) and not (pack_dir / MANIFEST_NAME).exists()
     first = files(folder)[0]  # in the finished first shard
     first.write_bytes(files(folder)[4].read_bytes())

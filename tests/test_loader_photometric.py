@@ -1,5 +1,5 @@
 """Loader(transform=<torchvision pipeline>) with the batched augmentation in one native call per
-chunk (stoker.loader._photometric) against the same Loader augmenting image by image
+chunk (stoker.augment._photometric) against the same Loader augmenting image by image
 (Augment.apply_image, where the extension is not built): the same batches, to float32 rounding."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import stoker
-from stoker.loader import batches, photometric
+import stoker.augment.native
+from stoker.loader import batches
 
 pytest.importorskip("torchvision", reason="needs torchvision (make test runs these tests in .venv-tv)")
-pytest.importorskip("stoker.loader._photometric", reason="the photometric extension is not built")
+pytest.importorskip("stoker.augment._photometric", reason="the photometric extension is not built")
 import torchvision.transforms as T  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
@@ -38,7 +39,7 @@ def test_the_native_augmentation_gives_the_per_image_batches(packed, monkeypatch
     native = _batches(packed, PIPELINES[name], threads=3)
     assert calls  # the native path ran
     with monkeypatch.context() as m:
-        m.setattr(photometric, "apply_chunk", None)  # as where the extension is not built
+        m.setattr(stoker.augment.native, "apply_chunk", None)  # as where the extension is not built
         per_image = _batches(packed, PIPELINES[name], threads=2)
     assert len(native) == len(per_image)
     for a, b in zip(native, per_image):

@@ -1,4 +1,4 @@
-"""stoker.loader._photometric: an Augment's ColorJitter, grayscale, scaling and Normalize for a chunk of
+"""stoker.augment._photometric: an Augment's ColorJitter, grayscale, scaling and Normalize for a chunk of
 crops in one call without the GIL, checked against ``Augment.apply_image`` (the OpenCV path it
 replaces) on the same draws: every op alone and together, random draws and sizes, edge values,
 uint8 output, threads, every build this CPU runs (AVX-512, AVX2, baseline), and bad arrays.
@@ -16,13 +16,12 @@ import threading
 import numpy as np
 import pytest
 
-from stoker.augment import Augment
+from stoker.augment import Augment, opcodes
 from stoker.augment.color import ColorJitter, GaussianBlur, Grayscale, Normalize
 from stoker.augment.geometry import HorizontalFlip
-from stoker.loader import photometric
-from stoker.loader.photometric import encode, supports
+from stoker.augment.native import encode, supports
 
-_photometric = pytest.importorskip("stoker.loader._photometric", reason="C extension not built (no C compiler?)")
+_photometric = pytest.importorskip("stoker.augment._photometric", reason="C extension not built (no C compiler?)")
 TOLERANCE = 1e-5
 
 OPS = {
@@ -209,10 +208,13 @@ def test_supports_photometric_ops_only():
     assert not supports(_augment((HorizontalFlip(), ColorJitter(0.4))))
 
 
-def test_op_codes_agree_with_the_extension():
-    assert photometric.PARAMS == _photometric.PARAMS
+def test_the_python_side_reads_the_headers_values():
+    """opcodes.py against what the extension exports of photometric.h: the op codes, the slot width
+    and the luma weights (in the float32 the kernels hold them)."""
+    assert opcodes.PARAMS == _photometric.PARAMS
     for name in ("BRIGHTNESS", "CONTRAST", "SATURATION", "HUE", "GRAYSCALE", "NORMALIZE"):
-        assert getattr(photometric, name) == getattr(_photometric, name)
+        assert getattr(opcodes, name) == getattr(_photometric, name)
+    np.testing.assert_array_equal(np.float32(opcodes.GRAY), np.float32(_photometric.GRAY))
 
 
 def _good(n: int = 4, size: tuple[int, int] = (5, 6)) -> dict:

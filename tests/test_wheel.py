@@ -88,9 +88,9 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
     assert any(n.startswith("stoker.libs/libjpeg") for n in names), "no libjpeg grafted into the wheel"
     assert any("/licenses/libjpeg-turbo/" in n for n in names), "libjpeg-turbo's licence is not in the wheel"
     assert any("/licenses/xxhash/" in n for n in names), "xxHash's licence is not in the wheel (decode_chunk has its code)"
-    for extension in ("_resample", "_photometric"):
-        assert f"stoker/loader/{extension}.pyi" in names and any(
-            n.startswith(f"stoker/loader/{extension}.") and n.endswith(".so") for n in names), f"no {extension} extension"
+    for extension in ("loader/_resample", "augment/_photometric"):
+        assert f"stoker/{extension}.pyi" in names and any(
+            n.startswith(f"stoker/{extension}.") and n.endswith(".so") for n in names), f"no {extension} extension"
 
     # A fresh environment with only the wheel installed, reusing this environment's packages (torch ...)
     # through a .pth line: the stoker it imports is the wheel's, not this checkout.

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from stoker.augment.native import NativeOps, augment_chunk, encode, supports
 from stoker.augment.pipeline import Augment, Draws
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
@@ -31,7 +32,6 @@ from stoker.loader.buffers import mapped_pixels, thread_buffer
 from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
 from stoker.loader.decode_crop import decode_into
 from stoker.loader.native_chunk import decode_samples, decodes_natively
-from stoker.loader.photometric import NativeOps, augment_chunk, encode, supports
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
 _READ_BUFFER_BYTES = 16 << 20

@@ -1,4 +1,4 @@
-"""Types of the photometric extension (_photometric.c, whose header says what it does)."""
+"""Types of the photometric extension (_photometric.c and photometric_kernels.c, whose headers say what they do)."""
 
 from typing_extensions import Buffer
 
@@ -9,6 +9,7 @@ HUE: int
 GRAYSCALE: int
 NORMALIZE: int
 PARAMS: int
+GRAY: tuple[float, float, float]
 BUILDS: tuple[str, ...]
 
 def apply_chunk(crops: Buffer, out: Buffer, ops: Buffer, params: Buffer, positions: Buffer, *,

@@ -1,5 +1,5 @@
 """What a stat says about each file a pack was made from, kept beside the cached pack, so that
-:func:`stoker.loader_for` notices files replaced, touched, added or removed since.
+:func:`stoker.loader_for` (stoker/pack/cache.py) notices files replaced, touched, added or removed since.
 
 A stat per file and no read: cheap for a million files (a second or a few on a local disk),
 where hashing every file would cost as much as packing again. A file counts as changed when its

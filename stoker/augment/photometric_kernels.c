@@ -1,11 +1,7 @@
-/* The photometric half of a translated torchvision pipeline, for a chunk of decoded crops at once.
-
-   ColorJitter (brightness, contrast, saturation, hue, in an order drawn per sample), RandomGrayscale,
-   ToTensor's scaling to [0, 1] and Normalize: what stoker.augment.Augment.apply_image computes per
-   image with OpenCV and numpy (stoker/augment/color.py, cpu.py), here for every crop of a chunk in
-   one call that holds no GIL. Why: the Python path makes ~10 numpy/OpenCV calls per image, and the
-   GIL is held between them (~210-250 us per 224x224 image measured on the Loader's threads), so the
-   Loader's threads queued on it instead of scaling with the cores.
+/* The photometric kernels: ColorJitter's four adjustments, RandomGrayscale, ToTensor's scaling to
+   [0, 1] and Normalize, as stoker.augment.color computes them with OpenCV and numpy, for every crop of
+   a chunk without the GIL (_photometric.c checks the arrays and calls photometric_run; photometric.h
+   holds what both share: op codes, parameters per op, luma weights, clamps).
 
    Each op is one function over a row of interleaved pixels (r, g, b, r, g, b, ...) in place, as the
    image holds them: no split into planes and back. The ops of a stage run on one row after
@@ -23,47 +19,21 @@
    same FLT_EPSILON guards and sector selection in the HSV round trip, numpy's float32 products for
    brightness and the scaling. Built with -ffp-contract=off so that only the fmaf calls below fuse;
    AVX-512 and AVX2+FMA builds of the loop beside the baseline, the fastest the CPU runs chosen at
-   run time (see run). The other flags setup.py gives let GCC vectorize without changing a value:
+   run time (see photometric_run). The other flags setup.py gives let GCC vectorize without changing a value:
    -fno-wrapv (above), and -ffinite-math-only -fno-signed-zeros, without which a clamp compiles to
    a compare and a blend instead of minps/maxps (every value here is finite, and the sign of a zero
    changes no result). tests/test_photometric.py compares the results with apply_image's, in each
    build: equal to ~1e-6 in float32 (OpenCV's scalar tails of a row, the mean summed in float per
    row, then in double), at most 1 level where rounded back to uint8. */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "photometric.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* Op codes and each op's parameters (params[0..PARAMS-1] of its slot): */
-enum {
-    BRIGHTNESS = 1, /* factor */
-    CONTRAST,       /* factor */
-    SATURATION,     /* factor */
-    HUE,            /* shift in turns, -0.5..0.5 */
-    GRAYSCALE,      /* on: 0 or 1 */
-    NORMALIZE,      /* 1/std and -mean/std of r, g, b */
-    LAST_OP = NORMALIZE,
-};
-#define PARAMS 6
-
-/* torchvision's luma weights as stoker.augment.color keeps them (float32), for the transforms */
-static const float GRAY[3] = {0.2989f, 0.587f, 0.114f};
-
-#define INLINE static inline __attribute__((always_inline))
 
 /* A row of pixels as the image holds them: interleaved, x[3 * i + c] for pixel i, channel c. */
 #define PATTERN 24 /* 8 pixels: a whole number of pixels and of 8-float vectors (48 measured no faster with 16) */
-
-INLINE float max_f(float a, float b) { return a > b ? a : b; } /* SSE's maxps, as OpenCV's v_max */
-INLINE float min_f(float a, float b) { return a < b ? a : b; }
-/* cv2.THRESH_TRUNC at 1 and THRESH_TOZERO at 0 */
-INLINE float clamp_top(float x) { return min_f(1.0f, x); }
-INLINE float clamp_bottom(float x) { return max_f(x, 0.0f); }
-INLINE float clamp(float x) { return clamp_bottom(clamp_top(x)); }
 
 /* The crop's bytes to [0, 1] as numpy's float32(x) * float32(1 / 255), then times a brightness
    factor (numpy's float32 product, clamped above only: a factor >= 0 keeps x >= 0) where one is
@@ -251,18 +221,6 @@ INLINE void add_sums(const float *x, int n, double sums[3]) {
         sums[k % 3] += partial[k];
 }
 
-/* Everything one call needs: the arrays (validated), and the scratch of the calling thread. */
-typedef struct {
-    const uint8_t *crops;
-    float *out_floats;   /* one of the two is set: the batch's float32 slots */
-    uint8_t *out_bytes;  /* or its uint8 ones */
-    const int32_t *ops;
-    const double *params;
-    const int64_t *positions;
-    Py_ssize_t count, height, width, nops;
-    float *work; /* height * width * 3 floats, for uint8 output (float output works in its slot) */
-} Chunk;
-
 /* Crop i of the chunk into its slot, its ops in stages split at each contrast. Each stage is one
    pass over the image, row by row, every op of the stage applied to the row in place while it is
    in the L1 cache; a stage followed by a contrast sums its output's channels. */
@@ -318,7 +276,7 @@ static void apply_all(const Chunk *c) {
    AVX-512 one (16-float vectors; its shuffles and masks make the stride-3 pixel loops ~1.8x faster
    than AVX2's, measured on an AMD EPYC) and an AVX2 + FMA one beside the baseline's (whose fmaf
    calls go to libm). Every build computes the same values; apply_chunk runs the first that this
-   CPU can, or the one asked for (BUILDS lists them, so that the tests check each). */
+   CPU can, or the one asked for (its BUILDS lists them, so that the tests check each). */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) static void
 apply_all_avx512(const Chunk *c) {
@@ -333,10 +291,10 @@ __attribute__((target("avx2,fma"))) static void apply_all_avx2(const Chunk *c) {
         apply_image(c, i);
 }
 
-static const char *const BUILD_NAMES[] = {"avx512", "avx2", "baseline"};
-#define BUILD_COUNT 3
+const char *const PHOTOMETRIC_BUILD_NAMES[] = {"avx512", "avx2", "baseline"};
+const int PHOTOMETRIC_BUILD_COUNT = 3;
 
-static int build_runs_here(int build) {
+int photometric_build_runs_here(int build) {
     switch (build) {
     case 0:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -346,7 +304,7 @@ static int build_runs_here(int build) {
     }
 }
 
-static void run(const Chunk *c, int build) {
+void photometric_run(const Chunk *c, int build) {
     switch (build) {
     case 0: apply_all_avx512(c); break;
     case 1: apply_all_avx2(c); break;
@@ -354,214 +312,13 @@ static void run(const Chunk *c, int build) {
     }
 }
 #else
-static const char *const BUILD_NAMES[] = {"baseline"};
-#define BUILD_COUNT 1
+const char *const PHOTOMETRIC_BUILD_NAMES[] = {"baseline"};
+const int PHOTOMETRIC_BUILD_COUNT = 1;
 
-static int build_runs_here(int build) { return build == 0; }
+int photometric_build_runs_here(int build) { return build == 0; }
 
-static void run(const Chunk *c, int build) {
+void photometric_run(const Chunk *c, int build) {
     (void)build;
     apply_all(c);
 }
 #endif
-
-/* The build named `name` (the fastest that runs here where NULL), or -1 with ValueError. */
-static int find_build(const char *name) {
-    int build;
-    for (build = 0; build < BUILD_COUNT; build++)
-        if (build_runs_here(build) && (!name || !strcmp(name, BUILD_NAMES[build])))
-            return build;
-    PyErr_Format(PyExc_ValueError, "build %s is not one this CPU runs (see BUILDS)", name);
-    return -1;
-}
-
-/* ---- argument checks: every array's dtype, shape and layout, before the GIL is released ---- */
-
-/* The bytes of one element of numpy's buffer format code (native sizes: LP64's long). */
-static Py_ssize_t code_size(char code) {
-    switch (code) {
-    case 'B': return 1;
-    case 'i': case 'f': return 4;
-    case 'l': return sizeof(long);
-    case 'q': case 'd': return 8;
-    default: return 0;
-    }
-}
-
-/* The buffer of argument `name`: C-contiguous, of `ndim` dimensions, its elements of one of the
-   format `codes` (at their native size); ValueError saying what is wrong, `what` naming the dtype. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, int writable, int ndim, const char *codes,
-                     Py_ssize_t size, const char *what) {
-    const char *format;
-    size_t length;
-    char code;
-    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be %s array%s, got %.100s", name, what, writable ? " (writable)" : "",
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
-    format = view->format ? view->format : "B";
-    length = strlen(format);
-    code = length ? format[length - 1] : '?';
-    if (length < 1 || length > 2 || (length == 2 && !strchr("@=", format[0])) || !strchr(codes, code) ||
-        view->itemsize != code_size(code) || (size && view->itemsize != size)) {
-        PyErr_Format(PyExc_ValueError, "%s must be %s array, got buffer format %s (%zd bytes)", name, what, format,
-                     view->itemsize);
-    } else if (view->ndim != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions, got %d", name, ndim, view->ndim);
-    } else if (!PyBuffer_IsContiguous(view, 'C')) {
-        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
-    } else {
-        return 1;
-    }
-    PyBuffer_Release(view);
-    return 0;
-}
-
-static int check_dim(const Py_buffer *view, const char *name, int dim, Py_ssize_t expected, const char *meaning) {
-    if (view->shape[dim] == expected)
-        return 1;
-    PyErr_Format(PyExc_ValueError, "%s's dimension %d must be %zd (%s), got %zd", name, dim, expected, meaning,
-                 view->shape[dim]);
-    return 0;
-}
-
-PyDoc_STRVAR(apply_chunk_doc,
-             "apply_chunk(crops, out, ops, params, positions, *, build=None)\n--\n\n"
-             "Put crop i of crops (uint8 (m, H, W, 3)) through the op codes ops[positions[i]] (int32 (N, L), in\n"
-             "order) with their parameters params[positions[i]] (float64 (N, L, PARAMS)) into out[positions[i]]\n"
-             "(float32 (N, H, W, 3), or uint8, rounded back), the bytes first scaled to [0, 1]. The GIL is\n"
-             "released for the whole chunk. build: one of BUILDS (default: the fastest this CPU runs), all\n"
-             "computing the same values. ValueError names a wrong dtype, shape, layout, position, op or build.");
-
-static PyObject *apply_chunk(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"crops", "out", "ops", "params", "positions", "build", NULL};
-    const char *name = NULL;
-    int build;
-    PyObject *objects[5];
-    Py_buffer crops, out, ops, params, positions;
-    int held = 0, floats = 0;
-    Py_ssize_t count, slots, nops, i;
-    Chunk c;
-    PyObject *result = NULL;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|$z", keywords, &objects[0], &objects[1], &objects[2],
-                                     &objects[3], &objects[4], &name) ||
-        (build = find_build(name)) < 0)
-        return NULL;
-    if (!get_array(objects[0], &crops, "crops", 0, 4, "B", 1, "a uint8"))
-        return NULL;
-    held = 1;
-    if (!get_array(objects[1], &out, "out", 1, 4, "fB", 0, "a float32 or uint8"))
-        goto done;
-    floats = out.itemsize == 4;
-    held = 2;
-    if (!get_array(objects[2], &ops, "ops", 0, 2, "il", 4, "an int32"))
-        goto done;
-    held = 3;
-    if (!get_array(objects[3], &params, "params", 0, 3, "d", 8, "a float64"))
-        goto done;
-    held = 4;
-    if (!get_array(objects[4], &positions, "positions", 0, 1, "lq", 8, "an int64"))
-        goto done;
-    held = 5;
-    count = crops.shape[0], slots = out.shape[0], nops = ops.shape[1];
-    if (!check_dim(&crops, "crops", 3, 3, "RGB") || !check_dim(&out, "out", 1, crops.shape[1], "the crops' height") ||
-        !check_dim(&out, "out", 2, crops.shape[2], "the crops' width") || !check_dim(&out, "out", 3, 3, "RGB") ||
-        !check_dim(&ops, "ops", 0, slots, "out's slots") || !check_dim(&params, "params", 0, slots, "out's slots") ||
-        !check_dim(&params, "params", 1, nops, "ops per slot") ||
-        !check_dim(&params, "params", 2, PARAMS, "parameters per op") ||
-        !check_dim(&positions, "positions", 0, count, "the crops"))
-        goto done;
-    for (i = 0; i < count; i++) {
-        int64_t slot = ((const int64_t *)positions.buf)[i];
-        if (slot < 0 || slot >= slots) {
-            PyErr_Format(PyExc_ValueError, "positions[%zd] is %lld, not a slot of out (0..%zd)", i, (long long)slot,
-                         slots - 1);
-            goto done;
-        }
-    }
-    for (i = 0; i < slots * nops; i++) {
-        int32_t op = ((const int32_t *)ops.buf)[i];
-        if (op < BRIGHTNESS || op > LAST_OP) {
-            PyErr_Format(PyExc_ValueError, "ops[%zd, %zd] is %d, not an op code (%d..%d)", i / nops, i % nops, (int)op,
-                         BRIGHTNESS, LAST_OP);
-            goto done;
-        }
-    }
-    c = (Chunk){crops.buf, floats ? out.buf : NULL, floats ? NULL : out.buf, ops.buf, params.buf, positions.buf,
-                count, crops.shape[1], crops.shape[2], nops, NULL};
-    if (count > 0 && c.height > 0 && c.width > 0) {
-        c.work = floats ? NULL : PyMem_RawMalloc((size_t)c.height * c.width * 3 * sizeof(float));
-        if (!floats && !c.work) {
-            PyErr_NoMemory();
-            goto freed;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        run(&c, build);
-        Py_END_ALLOW_THREADS
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
-freed:
-    PyMem_RawFree(c.work);
-done:
-    if (held >= 1)
-        PyBuffer_Release(&crops);
-    if (held >= 2)
-        PyBuffer_Release(&out);
-    if (held >= 3)
-        PyBuffer_Release(&ops);
-    if (held >= 4)
-        PyBuffer_Release(&params);
-    if (held >= 5)
-        PyBuffer_Release(&positions);
-    return result;
-}
-
-static PyMethodDef methods[] = {
-    {"apply_chunk", (PyCFunction)(void (*)(void))apply_chunk, METH_VARARGS | METH_KEYWORDS, apply_chunk_doc},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_photometric",
-    "ColorJitter, grayscale, ToTensor's scaling and Normalize for a chunk of crops, without the GIL (see _photometric.c).",
-    -1, methods,
-};
-
-/* BUILDS: the names of the builds this CPU runs, fastest first. */
-static PyObject *builds_here(void) {
-    PyObject *names = PyTuple_New(0);
-    int build;
-    for (build = 0; names && build < BUILD_COUNT; build++) {
-        PyObject *name;
-        if (!build_runs_here(build))
-            continue;
-        name = PyUnicode_FromString(BUILD_NAMES[build]);
-        if (!name || _PyTuple_Resize(&names, PyTuple_GET_SIZE(names) + 1) < 0) {
-            Py_XDECREF(name);
-            Py_XDECREF(names);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(names, PyTuple_GET_SIZE(names) - 1, name);
-    }
-    return names;
-}
-
-PyMODINIT_FUNC PyInit__photometric(void) {
-    PyObject *m = PyModule_Create(&module), *builds = NULL;
-    if (m && (PyModule_AddIntConstant(m, "BRIGHTNESS", BRIGHTNESS) < 0 ||
-              PyModule_AddIntConstant(m, "CONTRAST", CONTRAST) < 0 ||
-              PyModule_AddIntConstant(m, "SATURATION", SATURATION) < 0 || PyModule_AddIntConstant(m, "HUE", HUE) < 0 ||
-              PyModule_AddIntConstant(m, "GRAYSCALE", GRAYSCALE) < 0 ||
-              PyModule_AddIntConstant(m, "NORMALIZE", NORMALIZE) < 0 ||
-              PyModule_AddIntConstant(m, "PARAMS", PARAMS) < 0 ||
-              !(builds = builds_here()) || PyModule_AddObject(m, "BUILDS", builds) < 0)) {
-        Py_XDECREF(builds); /* PyModule_AddObject takes it only where it succeeds */
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
