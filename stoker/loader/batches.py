@@ -234,7 +234,7 @@ class BatchMaker:
     def augment_route(self) -> str:
         """How the batched augmentation runs on the CPU, for :meth:`Loader.explain`."""
         if self.augments_natively():
-            return "one native call per chunk of crops on each thread, the GIL released (stoker.loader._photometric)"
+            return "one native call per chunk of crops on each thread, the GIL released (stoker.augment._photometric)"
         return "each image by the loader thread that decoded it (stoker.augment's OpenCV ops)"
 
     def natively_decoded(self) -> bool:
