@@ -114,3 +114,9 @@ def test_loader_for_takes_a_dataframe_with_its_label_column(photos, tmp_path, mo
     assert loader.transform is None and loader.dataset.classes == sorted({p.parent.name for p in files})
     with pytest.raises(OptionError, match="pack_options holds label_column: give them to loader_for itself"):
         stoker.loader_for(frame, batch_size=4, label_column="target", pack_options={"label_column": "x"})
+
+
+def test_a_batch_size_given_where_loader_for_takes_the_transform_is_refused(packed):
+    """DataLoader(dataset, 8) is a batch size; loader_for's second argument is the transform: say so."""
+    with pytest.raises(OptionError, match=r"transform=8 is not callable .*pass batch_size=8"):
+        stoker.loader_for(packed, 8)

@@ -46,3 +46,24 @@ def test_loader_for_takes_timm_image_dataset(photos, tmp_path):
     with pytest.raises(ValueError, match="two transforms given"):
         stoker.loader_for(source, T.ToTensor(), pack_dir=tmp_path / "pack", progress=False)
     assert Path(loader.dataset.shards.root) == tmp_path / "pack"
+    # the files' bytes packed as they are (not decoded and encoded again), with timm's class names
+    originals = {p.read_bytes() for p in folder.rglob("*.jpg")}
+    assert {loader.dataset.read_sample(i)["jpg"] for i in range(8)} == originals
+    assert loader.dataset.classes == sorted(c.name for c in folder.iterdir())
+
+
+def test_an_image_folder_subclass_is_packed_from_its_files(photos, tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    class Kept(ImageFolder):
+        """A user's ImageFolder that keeps only the first two files of each class."""
+
+        def find_classes(self, directory):
+            return super().find_classes(directory)
+
+    source = Kept(str(photos), is_valid_file=lambda path: Path(path).stem.endswith(("0", "1")))
+    loader = stoker.loader_for(source, batch_size=4, pack_dir=tmp_path / "pack", progress=False)
+    dataset = loader.dataset
+    assert len(dataset) == len(source) and dataset.classes == source.classes
+    assert {dataset.read_sample(i)["jpg"] for i in range(len(dataset))} == {Path(p).read_bytes() for p, _ in source.samples}
+    assert sorted(dataset.targets.tolist()) == sorted(label for _, label in source.samples)

@@ -49,6 +49,10 @@ def loader_for(source: str | os.PathLike | Any, transform: Any = None, batch_siz
     ImageDataset, an ImageFolder's) is taken off before packing and run by the Loader, unless one
     is given here. ``loader_options`` go to the Loader (``device``, ``threads``, ``seed``, ...).
     Anything else is refused (OptionError) in one line naming what is taken."""
+    if transform is not None and not callable(transform):
+        hint = f"; for a batch size, pass batch_size={transform!r}" if isinstance(transform, int) else ""
+        raise OptionError(f"loader_for(source, transform, batch_size): transform={transform!r} is not callable (a "
+                          f"torchvision pipeline or any callable){hint}")
     described = SourceOptions(image_column, label_column, unlabelled, split).given()
     if overlap := set(described) & set(pack_options or {}):
         raise OptionError(f"pack_options holds {', '.join(sorted(overlap))}: give them to loader_for itself")

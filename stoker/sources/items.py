@@ -1,7 +1,12 @@
 """Map-style Datasets given through the Python API (torchvision's, timm's, a user's own): listed by
 index, each item read by ``__getitem__`` in the pack's workers.
 
-An item is ``image``, ``(image, label)`` or a dict holding both (``image`` and ``label`` as
+A Dataset that lists its image files (torchvision's DatasetFolder and its subclasses: ``samples``
+and ``classes``; timm's ImageDataset: ``reader.samples`` and ``reader.class_to_idx``) and reads
+them with the usual image loader is listed as those files instead: their bytes are packed as they
+are, with the Dataset's labels and class names.
+
+Otherwise an item is ``image``, ``(image, label)`` or a dict holding both (``image`` and ``label`` as
 Hugging Face items have them, or the keys the user names). The image may be encoded bytes or a
 ``{"bytes", "path"}`` dict (kept as they are, or read from the path), a PIL image, or a uint8
 array or tensor (HW, HWC or CHW), which are stored as JPEG (quality ``DATASET_JPEG_QUALITY``;
@@ -10,7 +15,9 @@ PNG for modes JPEG cannot hold).
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +30,7 @@ from stoker.errors import OptionError, PackError
 from stoker.format import NO_LABEL
 from stoker.sources.columns import SourceOptions
 from stoker.sources.inputs import BadInput, Read, read_regular_file
-from stoker.sources.listing import Source, content_digest
+from stoker.sources.listing import Source, content_digest, make_keys
 
 DATASET_JPEG_QUALITY = 90
 IMAGE_KEYS = ("image", "img", "jpg", "png")  # dict items: where the image is (Hugging Face: "image")
@@ -128,8 +135,9 @@ def _label(label: Any) -> int | None:
 
 
 def list_dataset(dataset: Any, options: SourceOptions) -> Source:
-    """A map-style Dataset's indices; labels come with the items when they are read, class names
-    from its ``classes`` attribute (as torchvision's datasets have). Refused: an empty Dataset, one
+    """A map-style Dataset's files where it lists them (see :func:`listed_files`), else its indices:
+    labels come with the items when they are read, class names from its ``classes`` attribute (as
+    torchvision's datasets have). Refused: an empty Dataset, one
     whose items change from one read to the next (a random transform inside ``__getitem__``
     would be packed once, frozen), and one whose items hold no label unless ``options.unlabelled``."""
     options.refuse_except(("image_column", "label_column", "unlabelled"), "a map-style Dataset")
@@ -137,15 +145,60 @@ def list_dataset(dataset: Any, options: SourceOptions) -> Source:
     count = len(dataset)
     if count == 0:
         raise PackError(f"{name}: the Dataset is empty")
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    if (files := listed_files(dataset)) is not None and not (options.image_column or options.label_column):
+        return _file_source(kind, *files, options)
     inputs = DatasetItems(dataset, options.image_column, options.label_column, options.unlabelled)
     missing = _missing_label(dataset, name, options)
-    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
     classes = None if options.unlabelled else getattr(dataset, "classes", None)
     _read_twice_alike(inputs)
     identity = [kind, count, content_digest(inputs, count), options.given()]
     return Source("dataset", Path(kind), list(range(count)), [f"{i:09d}" for i in range(count)],
                   np.full(count, NO_LABEL, dtype=np.int64), list(classes) if classes else None,
                   inputs=inputs, identity=identity, missing_labels=missing)
+
+
+# The image loaders of torchvision's DatasetFolder that open a file as it is (converted to RGB)
+_FILE_LOADERS = ("default_loader", "pil_loader", "accimage_loader")
+
+
+def listed_files(dataset: Any) -> tuple[list[str], list[int], list[str]] | None:
+    """(paths, labels, class names) of a Dataset that lists its image files and opens them as they
+    are: torchvision's DatasetFolder (``samples``, ``classes``, and its standard ``loader``) and
+    timm's ImageDataset (``reader.samples`` and ``reader.class_to_idx``); None for any other."""
+    samples, classes = getattr(dataset, "samples", None), getattr(dataset, "classes", None)
+    loader = getattr(dataset, "loader", None)
+    if samples is None or (loader is not None and getattr(loader, "__name__", "") not in _FILE_LOADERS):
+        reader = getattr(dataset, "reader", None)
+        samples, to_index = getattr(reader, "samples", None), getattr(reader, "class_to_idx", None)
+        classes = sorted(to_index, key=lambda name: to_index[name]) if isinstance(to_index, dict) else None
+    if not isinstance(samples, (list, tuple)) or not samples or len(samples) != len(dataset):
+        return None
+    if not all(isinstance(s, (tuple, list)) and len(s) == 2 and isinstance(s[0], (str, Path)) for s in samples):
+        return None
+    try:
+        labels = [int(label) for _, label in samples]
+    except (TypeError, ValueError):
+        return None
+    return [str(path) for path, _ in samples], labels, list(classes) if classes else []
+
+
+def _file_source(kind: str, paths: list[str], labels: list[int], classes: list[str], options: SourceOptions) -> Source:
+    """The Source of a Dataset's listed files: their bytes read as they are; the identity holds the
+    paths, labels and each file's size and modification time, so a changed file is packed again."""
+    stamps = hashlib.sha256()
+    for path in paths:
+        try:
+            info = os.stat(path)
+            stamps.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        except OSError:  # read, and rejected with its reason, by the pack
+            stamps.update(f"{path}\0missing\n".encode())
+    count = len(paths)
+    values = np.full(count, NO_LABEL, np.int64) if options.unlabelled else np.array(labels, np.int64)
+    root = os.path.commonpath(paths) if count > 1 else os.path.dirname(paths[0])
+    identity = [kind, count, stamps.hexdigest(), hashlib.sha256(values.tobytes()).hexdigest(), options.given()]
+    return Source("dataset_files", Path(kind), paths, make_keys([os.path.relpath(p, root) for p in paths]), values,
+                  None if options.unlabelled else (classes or None), identity=identity)
 
 
 def _missing_label(dataset: Any, name: str, options: SourceOptions) -> str:
