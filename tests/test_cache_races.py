@@ -20,6 +20,7 @@ import pytest
 import stoker
 from stoker.storage.cache import ShardCache
 from stoker.storage.locks import is_locked
+from stoker.storage.settings import StorageSettings
 
 
 class Others:
@@ -53,7 +54,7 @@ class Others:
         return True
 
     def sweep(self) -> bool:
-        if self.reader._lock.locked():  # a thread sweeping would wait for the reader's lock
+        if self.reader.source.copy._lock.locked():  # a thread sweeping would wait for the copy's lock
             return False
         self.reader.release_evicted()
         return True
@@ -70,7 +71,7 @@ def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | Non
     """Read sample 1 of shard 0 through a fresh ShardDataset whose cache holds shard 0 (open
     already when ``pinned``), with :class:`Others` acting at the given calls; the OS calls seen."""
     with stoker.ShardDataset(packed, decode="raw", cache_dir=folder, cache_limit=limit) as dataset:
-        other = ShardCache(folder, packed, dataset.shards.manifest.shards, limit)
+        other = ShardCache(packed, dataset.shards.manifest.shards, StorageSettings(cache_dir=folder, cache_limit=limit))
         other.fetch(0, keep={0})
         if pinned:
             dataset[0]
