@@ -27,6 +27,7 @@ from stoker.data.remote_ranges import RemoteRanges
 from stoker.format import Manifest, ShardEntry, ShardIndex, read_manifest
 from stoker.ranges import BLOCK_BYTES, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
+from stoker.storage.locks import ProcessLock
 from stoker.storage.remote import is_url
 from stoker.storage.settings import StorageSettings
 
@@ -41,13 +42,8 @@ DEFAULT_MAX_OPEN_SHARDS = 128
 _SWEEP_SECONDS = 1.0
 
 
-_process_locks: dict[int, threading.Lock] = {}
-
-
-def _this_process_lock() -> threading.Lock:
-    """A lock of this process's own, made in it (a forked child's copy of a parent's lock may be
-    held forever by a thread the child does not have); dict.setdefault is atomic under the GIL."""
-    return _process_locks.setdefault(os.getpid(), threading.Lock())
+# Held while a forked child forgets its parent's readers (a lock of the child's own: see ProcessLock).
+_FORGETTING = ProcessLock()
 
 
 class ShardSet:
@@ -182,7 +178,7 @@ class ShardSet:
         """In a forked child, forget the parent's readers first (once, whichever thread comes
         first: threads of a worker process, Loader(processes=, threads=))."""
         if self._pid != os.getpid():
-            with _this_process_lock():
+            with _FORGETTING:
                 if self._pid != os.getpid():
                     self._forget_parent_readers()
 
