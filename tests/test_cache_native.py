@@ -6,10 +6,11 @@ StorageSettings record and one origin connection per data set, pickled to worker
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
-import sys
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
 import pytest
@@ -17,10 +18,9 @@ import torch
 
 import stoker
 from stoker.errors import OptionError
-from stoker.format import member_checksum
-from stoker.storage.cache import ShardCache
+from stoker.format import member_checksum, read_manifest
 from stoker.storage.settings import StorageSettings
-from tests.test_cache_races import Others
+from tests.test_cache_races import others_acting
 from tests.test_decode_chunk import Calls
 
 
@@ -76,34 +76,24 @@ def test_the_loader_reads_a_staged_cache_natively_and_as_it_reads_local_disk(pac
 
 def pinned_reads_with_others(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
                              pinned: bool) -> list[str]:
-    """Samples 0-2 (shard 0) through ``image_reads`` of a fresh ShardDataset whose cache holds
-    shard 0 (open already when ``pinned``), read by pread through the block's descriptors as
-    native code reads them, with :class:`Others` evicting and restaging the copy at the given
-    OS calls (the block's preads among them); the OS calls seen."""
+    """Samples 0-2 (shard 0) through ``image_reads``, read by pread through the block's
+    descriptors as native code reads them, with :func:`others_acting` evicting and restaging the
+    copy at the given OS calls (the block's preads among them); the OS calls seen."""
     plain = stoker.ShardDataset(packed, decode="raw")
     indices = np.arange(3)
-    with stoker.ShardDataset(packed, decode="raw", cache_dir=folder, cache_limit=limit) as dataset:
-        other = ShardCache(packed, dataset.shards.manifest.shards, StorageSettings(cache_dir=folder, cache_limit=limit))
-        other.fetch(0, keep={0})
-        if pinned:
-            dataset[0]
-        others = Others(dataset.shards.reader(0), other, evict_at, restage_at)
-        sys.setprofile(others)
-        try:
-            with dataset.image_reads(indices) as reads:
-                got = [os.pread(int(fd), int(size), int(offset)) if covered else None
-                       for fd, offset, size, covered in zip(reads.fds, reads.offsets, reads.sizes, reads.covered)]
-        finally:
-            sys.setprofile(None)
-        for i, data in zip(indices.tolist(), got):
-            if data is None:  # not pinned (evicted before the block began): the usual read gives it
-                assert dataset[i] == plain[i], (evict_at, restage_at, others.calls)
-            else:
-                assert (data, int(reads.labels[i])) == plain[i], (evict_at, restage_at, others.calls)
-                assert member_checksum(data) == int(reads.checksums[i])
-        if evict_at is not None and "pread" in others.calls and evict_at >= others.calls.index("pread"):
-            assert reads.covered.all()  # pinned before the eviction: the block reads the copy it pinned
-        return others.calls
+    with others_acting(packed, folder, limit, evict_at, restage_at, pinned) as (dataset, others):
+        with dataset.image_reads(indices) as reads:
+            got = [os.pread(int(fd), int(size), int(offset)) if covered else None
+                   for fd, offset, size, covered in zip(reads.fds, reads.offsets, reads.sizes, reads.covered)]
+    for i, data in zip(indices.tolist(), got):
+        if data is None:  # not pinned (evicted before the block began): the usual read gives it
+            assert dataset[i] == plain[i], (evict_at, restage_at, others.calls)
+        else:
+            assert (data, int(reads.labels[i])) == plain[i], (evict_at, restage_at, others.calls)
+            assert member_checksum(data) == int(reads.checksums[i])
+    if evict_at is not None and "pread" in others.calls and evict_at >= others.calls.index("pread"):
+        assert reads.covered.all()  # pinned before the eviction: the block reads the copy it pinned
+    return others.calls
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["first-pin", "copy-open"])
@@ -127,6 +117,30 @@ def test_the_storage_settings_travel_as_one_value_with_one_origin(s3, remote, tm
                                                   reads_in_flight=3, cache_dir=tmp_path / "node", cache_ahead=2)
         assert shards.cache.origin is shards.remote  # one thread pool and file system for reads and downloads
         assert shards.remote.parallel == 3 and shards.remote.read_timeout == float("inf")
+
+
+def read_in_a_child(data, name: str, queue) -> None:
+    queue.put(data.prefetch(name, 0, 100).result(timeout=20))
+
+
+def test_a_worker_forked_while_the_origin_queues_a_read_can_read_through_it(packed):
+    """The origin is shared by a parent's stager (its downloads queue parts on the origin's pool)
+    and, after a fork, by the DataLoader workers: a worker forked while a parent thread queues a
+    read must not wait for ever on the pool's lock that thread held at the fork."""
+    data = StorageSettings().origin(str(packed))
+    name = read_manifest(packed).shards[0].name
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    with data._pool_lock:  # where a stager thread is at the moment of the fork
+        child = context.Process(target=read_in_a_child, args=(data, name, queue))
+        child.start()
+    try:
+        assert queue.get(timeout=20) == (packed / name).read_bytes()[:100]
+    except Empty:
+        pytest.fail("the forked worker waited on the parent's lock")
+    finally:
+        child.kill()
+        child.join()
 
 
 @pytest.mark.parametrize("options, says", [

@@ -13,6 +13,8 @@ does not depend on timing."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,10 +68,11 @@ class Others:
         return True
 
 
-def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
-                     pinned: bool) -> list[str]:
-    """Read sample 1 of shard 0 through a fresh ShardDataset whose cache holds shard 0 (open
-    already when ``pinned``), with :class:`Others` acting at the given calls; the OS calls seen."""
+@contextmanager
+def others_acting(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
+                  pinned: bool) -> Iterator[tuple[stoker.ShardDataset, Others]]:
+    """A fresh ShardDataset whose cache holds shard 0 (open already when ``pinned``), and
+    :class:`Others` acting at the given OS calls of this thread while the block runs."""
     with stoker.ShardDataset(packed, decode="raw", cache_dir=folder, cache_limit=limit) as dataset:
         other = ShardCache(packed, dataset.shards.manifest.shards, StorageSettings(cache_dir=folder, cache_limit=limit))
         other.fetch(0, keep={0})
@@ -78,11 +81,18 @@ def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | Non
         others = Others(dataset.shards.reader(0), other, evict_at, restage_at)
         sys.setprofile(others)
         try:
-            got = dataset[1]
+            yield dataset, others
         finally:
             sys.setprofile(None)
-        assert got == stoker.ShardDataset(packed, decode="raw")[1], (evict_at, restage_at, others.calls)
-        return others.calls
+
+
+def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
+                     pinned: bool) -> list[str]:
+    """Read sample 1 of shard 0 with :func:`others_acting`; the OS calls seen."""
+    with others_acting(packed, folder, limit, evict_at, restage_at, pinned) as (dataset, others):
+        got = dataset[1]
+    assert got == stoker.ShardDataset(packed, decode="raw")[1], (evict_at, restage_at, others.calls)
+    return others.calls
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["first-read", "copy-open"])

@@ -56,7 +56,8 @@ class ShardDataset(torch.utils.data.Dataset):
     and indexes are fetched once into a local metadata folder and each sample is read by range;
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``). A read cut short is resumed
     from its last good byte and failures retried for up to ``read_timeout`` seconds (an outage
-    shorter than that is ridden out), then a RemoteError names the object, range and attempts.
+    shorter than that is ridden out; ``inf``: for ever), then a RemoteError names the object, range
+    and attempts.
     ``reads_in_flight`` ranged reads run at once per process, ahead of the order, and as parts of
     each whole shard the node cache downloads (``stoker doctor URL`` measures how many fill the link).
 
@@ -67,7 +68,10 @@ class ShardDataset(torch.utils.data.Dataset):
     shards at most; default as far as the limit allows); with any other sampler a shard is
     fetched whole on its first read while there is room. Works for a slow local disk as well as
     a URL. When the limit holds only part of the data set, the sampler and Loader shuffle whole
-    shards instead of 8 MiB blocks, with as many open at once as fill half the limit.
+    shards instead of 8 MiB blocks, with as many open at once as fill half the limit. A copy in
+    the cache is a local file: stoker.Loader reads it on its native path as it reads local disk.
+    These storage arguments are checked once and kept as one ``StorageSettings`` record
+    (``shards.settings``), which worker processes receive as one value.
     """
 
     def __init__(
