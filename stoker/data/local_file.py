@@ -138,7 +138,7 @@ class LocalFile:
                 self._fd, self._length, self._closing = fd, os.fstat(fd).st_size, False
                 self._closer = weakref.finalize(self, _close_in, os.getpid(), fd)
                 self._closer.atexit = False
-            elif fd != self._fd:
+            else:
                 os.close(fd)
             self._users += 1
             return self._fd
