@@ -13,9 +13,16 @@
   - time to the first batch and img/s of stoker.Loader with ``cache_dir=/dev/shm/...``, against
     the same Loader over the shards on local disk (page cache warm).
 ``downloads``: only the whole-shard downloads, with 2, 4, 8 and 16 parts in flight.
+``staged``: stoker.Loader over a node cache in /dev/shm holding every shard (staged before the
+first pass) against the same Loader over the same shards on local disk (page cache warm), passes
+interleaved A B A after one pass each to warm up: img/s and the ratio (target: 0.97 or more).
 
     ../shared/hdd-profile -- .venv/bin/python bench/cache.py hdd
     .venv/bin/python bench/cache.py s3 [--stream-mbit 400]
+    .venv/bin/python bench/cache.py staged [--threads N] [--quick]
+
+``--quick`` (1,000 photos under ``--data``/quick, 3 rounds) shows the direction in about a minute;
+the figures to report come from the full run on an idle machine.
 """
 
 from __future__ import annotations
@@ -238,20 +245,62 @@ def s3(shards: Path, repeat: int, delay: float, stream_rate: float | None) -> No
          runs["local_paced"])
 
 
+def staged(shards: Path, repeat: int, threads: int | None) -> None:
+    """The Loader over a node cache holding every shard against the same Loader over local disk
+    (``threads`` each; None: the Loader's choice, printed, which a busy machine may make differently)."""
+    cache = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir="/dev/shm"))
+    try:
+        through_cache = stoker.ShardDataset(shards, cache_dir=cache)
+        node = through_cache.shards.cache
+        assert node is not None
+        if not node.holds_everything:
+            raise SystemExit(f"the node cache in {cache} cannot hold every shard")
+        for shard in range(len(through_cache.shards.manifest.shards)):
+            node.fetch(shard)
+        warm_all(shards)
+        loaders = {"local": stoker.Loader(stoker.ShardDataset(shards), 256, seed=0, threads=threads),
+                   "cached": stoker.Loader(through_cache, 256, seed=0, threads=threads)}
+        for loader in loaders.values():  # without --threads, the first pass decides threads or processes
+            timed_epoch(loader)
+        runs: dict[str, list[tuple[float, float, float]]] = {"local": [], "cached": []}
+        for _ in range(repeat):
+            for name in ("local", "cached", "local"):  # A B A: the baseline around ours
+                runs[name].append(timed_epoch(loaders[name]))
+        workers = {name: next(line.strip() for line in loader.explain().splitlines() if "workers:" in line)
+                   for name, loader in loaders.items()}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    med = statistics.median
+    print("   ".join(f"{name}: {line}" for name, line in workers.items()))
+    print(f"stoker.Loader, batches of 256, medians of {repeat} rounds (local twice a round); img/s of the whole "
+          "pass, and after its first batch")
+    whole = {name: med(r[1] for r in runs[name]) for name in runs}
+    after = {name: med(r[2] for r in runs[name]) for name in runs}
+    print(f"node cache in /dev/shm, every shard staged: {whole['cached']:,.0f} / {after['cached']:,.0f} img/s   "
+          f"local disk (page cache warm): {whole['local']:,.0f} / {after['local']:,.0f}   "
+          f"ratio {whole['cached'] / whole['local']:.3f} / {after['cached'] / after['local']:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["hdd", "s3", "downloads"])
+    parser.add_argument("part", choices=["hdd", "s3", "downloads", "staged"])
     parser.add_argument("--data", type=Path, default=Path("bench-data/loader"))
     parser.add_argument("--count", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=50.0)
     parser.add_argument("--stream-mbit", type=float, default=None,
                         help="s3, downloads: hold each response to this rate (a store's per-connection cap; default: none)")
+    parser.add_argument("--threads", type=int, default=None, help="staged: the Loader's threads (default: its choice)")
+    parser.add_argument("--quick", action="store_true", help="1,000 photos (under DATA/quick), 3 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.data, args.count, args.repeat = args.data / "quick", 1000, 3
     header(f"node cache, part {args.part}")
     shards = packed_photos(args.data, args.count, SHARD_BYTES)
     if args.part == "hdd":
         hdd(shards, args.repeat)
+    elif args.part == "staged":
+        staged(shards, args.repeat, args.threads)
     else:
         stream_rate = args.stream_mbit * 1e6 / 8 if args.stream_mbit else None
         (s3 if args.part == "s3" else downloads)(shards, args.repeat, args.delay_ms / 1e3, stream_rate)

@@ -21,6 +21,9 @@ a process of its own, lets it warm up, then, while counting the images it makes:
 Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
     per-image  the same Loader without decode_chunk (decode_crop.py per image: the path before it)
+    cached     with ``--cache``: the native Loader over the same shards through a node cache in
+               /dev/shm holding every shard (``ShardDataset(cache_dir=...)``, staged before the
+               Loader starts), as a multi-node set-up reads them
 
 Pipelines: ``crop`` (CropSpec RandomResizedCrop + flip to uint8), ``exact`` (CropSpec center 224
 exact: a translated Resize(256) + CenterCrop(224), Pillow's resize, to uint8), and through
@@ -28,8 +31,12 @@ exact: a translated Resize(256) + CenterCrop(224), Pillow's resize, to uint8), a
 Compose) and ``val`` (Resize(256) + CenterCrop(224) + ToTensor + Normalize).
 
     .venv/bin/python bench/gil.py --pipeline crop --threads 2
+    .venv/bin/python bench/gil.py --pipeline crop --threads 1 --cache
     .venv-tv/bin/python bench/gil.py --pipeline train --threads 2
     .venv-tv/bin/python bench/gil.py --pipeline val --threads 2
+
+``--quick`` (1,000 photos under ``--data``/quick, one round of 3 s per row) shows the direction in
+about a minute; the figures to report come from the full run on an idle machine.
 
 Needs py-spy (``pip install 'stoker[bench]'``) and the right to ptrace the child (root, or
 kernel.yama.ptrace_scope 0).
@@ -52,7 +59,7 @@ from pathlib import Path
 
 from _common import header, prepared_photos
 
-PATHS = ("native", "per-image")
+PATHS = ("native", "per-image", "cached")
 PIPELINES = ("crop", "exact", "train", "val")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -78,9 +85,11 @@ def _cpu_counted(function):
     return timed
 
 
-def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, progress, ready) -> None:
-    """The measured process: a Loader over ``shards`` made epoch after epoch; ``progress`` its images,
-    its CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
+def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, progress, ready,
+               cache_dir: str | None) -> None:
+    """The measured process: a Loader over ``shards`` (through a node cache in ``cache_dir``, every
+    shard staged first, for the ``cached`` row) made epoch after epoch; ``progress`` its images, its
+    CPU time, and the CPU time its threads spent in the native calls that release the GIL."""
     import simplejpeg
 
     import stoker
@@ -97,17 +106,23 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
             setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name)))
     decode_crop.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
                                                    decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg))
+    dataset = stoker.ShardDataset(shards, cache_dir=cache_dir)
+    if dataset.shards.cache is not None:
+        if not dataset.shards.cache.holds_everything:
+            raise SystemExit(f"the node cache in {cache_dir} cannot hold every shard")
+        for shard in range(len(dataset.shards.manifest.shards)):
+            dataset.shards.cache.fetch(shard)
     if pipeline in ("train", "val"):  # the standard Composes (train: stoker/bench/readers/standard.py)
         import torchvision.transforms as T
 
         geometry = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4)] \
             if pipeline == "train" else [T.Resize(256), T.CenterCrop(224)]
         transform = T.Compose([*geometry, T.ToTensor(), T.Normalize(MEAN, STD)])
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, transform=transform, threads=threads)
+        loader = stoker.Loader(dataset, batch, transform=transform, threads=threads)
     else:
         crop = stoker.CropSpec("random_resized", (224, 224)) if pipeline == "crop" else \
             stoker.CropSpec("center", (224, 224), flip=False, exact=True)
-        loader = stoker.Loader(stoker.ShardDataset(shards), batch, crop=crop, threads=threads)
+        loader = stoker.Loader(dataset, batch, crop=crop, threads=threads)
     epoch = 0
     while True:
         loader.set_epoch(epoch)
@@ -126,8 +141,9 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
     GIL samples by the function holding it) for one run."""
     context = mp.get_context("spawn")
     progress, ready = context.Array("d", 3), context.Event()
+    cache_dir = tempfile.mkdtemp(prefix="stoker-bench-gil-", dir="/dev/shm") if path == "cached" else None
     child = context.Process(target=run_loader, args=(str(shards), args.pipeline, args.threads, path, args.batch, progress,
-                                                     ready), daemon=True)
+                                                     ready, cache_dir), daemon=True)
     child.start()
     try:
         if not ready.wait(300):
@@ -155,6 +171,8 @@ def measure(shards: Path, args: argparse.Namespace, path: str, spy: str) -> tupl
     finally:
         child.kill()
         child.join()
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     images = after[IMAGES] - before[IMAGES]
     held = sum(samples.values()) / args.rate
     return held / images * 1e6, cpu, images / elapsed, samples
@@ -170,15 +188,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="sampling time per run")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cache", action="store_true", help="add the native Loader through a staged node cache")
+    parser.add_argument("--quick", action="store_true", help="1,000 photos (under DATA/quick), one round of 3 s per row")
     args = parser.parse_args()
+    if args.quick:
+        args.data, args.count, args.seconds, args.repeat = args.data / "quick", 1000, 3, 1
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         raise SystemExit("bench/gil.py needs py-spy: pip install 'stoker[bench]'")
     header(f"GIL held per image, {args.pipeline} pipeline, {args.threads} threads, batches of {args.batch}")
     _, shards = prepared_photos(args.data, args.count)
-    results: dict[str, list[tuple[float, float, float]]] = {path: [] for path in PATHS}
-    where: dict[str, Counter] = {path: Counter() for path in PATHS}
-    order = [PATHS[i % 2] for i in range(2 * args.repeat)]  # A B A B ...
+    paths = PATHS if args.cache else PATHS[:2]
+    results: dict[str, list[tuple[float, float, float]]] = {path: [] for path in paths}
+    where: dict[str, Counter] = {path: Counter() for path in paths}
+    order = paths * args.repeat  # A B A B ... (A B C A B C ... with --cache)
     for path in order:
         gil, cpu, rate, samples = measure(shards, args, path, spy)
         results[path].append((gil, cpu, rate))
@@ -186,7 +209,7 @@ def main() -> None:
         print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s")
     print(f"\nmedians of {args.repeat} ({args.seconds} s each, {args.rate} samples/s), GIL held per image:")
     medians = {}
-    for path in PATHS:
+    for path in paths:
         gil = statistics.median(g for g, _, _ in results[path])
         cpu = statistics.median(c for _, c, _ in results[path])
         rate = statistics.median(r for _, _, r in results[path])
@@ -195,7 +218,10 @@ def main() -> None:
         print(f"  {path:9}  py-spy {gil:7.1f} us  CPU {_us(cpu)}  {rate:7.0f} img/s  {bound}")
     (gil_a, cpu_a), (gil_b, cpu_b) = medians["per-image"], medians["native"]
     print(f"  per-image / native: py-spy {gil_a / gil_b:.1f}x, CPU {cpu_a / cpu_b:.1f}x")
-    for path in PATHS:
+    if "cached" in medians:
+        gil_c, cpu_c = medians["cached"]
+        print(f"  cached / native: py-spy {gil_c / gil_b:.2f}x, CPU {cpu_c / cpu_b:.2f}x")
+    for path in paths:
         total = sum(where[path].values())
         print(f"\nwhere the GIL was held, {path} (share of samples):")
         for function, n in where[path].most_common(8):

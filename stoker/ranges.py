@@ -26,7 +26,8 @@ _BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "
 @dataclass(frozen=True)
 class Range:
     """``low <= value <= high`` (``low < value`` when ``above``), an integer unless ``integer``
-    is False (then any finite number); ``name`` is the Python argument, ``flag`` the CLI option."""
+    is False (then any finite number, and ``inf`` where ``high`` is ``inf``: no limit); ``name`` is
+    the Python argument, ``flag`` the CLI option."""
 
     name: str
     flag: str  # "" for arguments the CLI does not take
@@ -38,17 +39,21 @@ class Range:
 
     def describe(self) -> str:
         """The range in words, e.g. ``an integer from 1 to 100 (percent)``."""
-        low, high = self._show(self.low), self._show(self.high)
+        low = self._show(self.low)
         kind = "a size" if self.unit == "bytes" else "an integer" if self.integer else "a number"
-        bounds = f"above {low} and at most {high}" if self.above else f"from {low} to {high}"
+        if math.isinf(self.high):
+            bounds = f"above {low}" if self.above else f"at least {low}"
+        else:
+            high = self._show(self.high)
+            bounds = f"above {low} and at most {high}" if self.above else f"from {low} to {high}"
         unit = f" ({self.unit})" if self.unit and self.unit != "bytes" else ""
-        return f"{kind} {bounds}{unit}"
+        return f"{kind} {bounds}{unit}" + (" or inf" if math.isinf(self.high) else "")
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` is a number of the right kind inside the range (bools are not numbers here)."""
         if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.integer else numbers.Real):
             return False
-        if not math.isfinite(value):
+        if not math.isfinite(value) and value != self.high:  # inf only where the range has no upper bound
             return False
         too_low = value <= self.low if self.above else value < self.low  # numbers.Real defines only < and <=
         return not too_low and value <= self.high
@@ -160,6 +165,7 @@ MAX_OPEN_SHARDS = Range("max_open_shards", "", 1, 1 << 20)
 CACHE_LIMIT = Range("cache_limit", "", 1, 1 << 60, unit="bytes")
 CACHE_AHEAD = Range("cache_ahead", "", 0, 1 << 20, unit="shards")
 READS_IN_FLIGHT = Range("reads_in_flight", "", 1, 1024)
+READ_TIMEOUT = Range("read_timeout", "", 0, math.inf, integer=False, above=True, unit="seconds")
 
 # CropSpec(...) (no CLI options): each side of ``size``, each end of ``scale`` and ``ratio``
 CROP_SIDE = Range("size", "", 1, 65535, unit="pixels")

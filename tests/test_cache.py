@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from queue import Empty
 
 import pytest
@@ -21,6 +22,7 @@ from stoker.errors import RemoteError
 from stoker.format import file_checksum, read_manifest
 from stoker.storage.cache import ShardCache
 from stoker.storage.locks import exclusive, is_locked
+from stoker.storage.settings import StorageSettings
 from tests.s3server import S3Server
 
 
@@ -125,11 +127,12 @@ def test_evicted_copies_do_not_stay_open(packed, tmp_path):
 
 
 def test_the_default_limit_is_fixed_when_the_folder_is_made(packed, tmp_path):
-    first = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    shards, settings = read_manifest(packed).shards, StorageSettings(cache_dir=tmp_path / "cache")
+    first = ShardCache(packed, shards, settings)
     (tmp_path / "cache" / "filler").write_bytes(b"\0" * (1 << 20))  # free space changes
-    again = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    again = ShardCache(packed, shards, settings)
     assert again.limit == first.limit and not again.holds_part  # and the order ignores it
-    small = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards, limit=1000)
+    small = ShardCache(packed, shards, replace(settings, cache_limit=1000))
     assert small.holds_part
 
 
@@ -258,7 +261,7 @@ def hold_a_fetch_and_wait(cache, shard, ready):
 
 
 def test_a_killed_fetcher_leaves_nothing_that_blocks_the_next_run(packed, tmp_path):
-    cache = ShardCache(tmp_path / "cache", packed, read_manifest(packed).shards)
+    cache = ShardCache(packed, read_manifest(packed).shards, StorageSettings(cache_dir=tmp_path / "cache"))
     context = multiprocessing.get_context("fork")
     ready = context.Event()
     fetcher = context.Process(target=hold_a_fetch_and_wait, args=(cache, 0, ready))

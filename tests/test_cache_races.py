@@ -13,6 +13,8 @@ does not depend on timing."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ import pytest
 import stoker
 from stoker.storage.cache import ShardCache
 from stoker.storage.locks import is_locked
+from stoker.storage.settings import StorageSettings
 
 
 class Others:
@@ -53,7 +56,7 @@ class Others:
         return True
 
     def sweep(self) -> bool:
-        if self.reader._lock.locked():  # a thread sweeping would wait for the reader's lock
+        if self.reader.source.copy._lock.locked():  # a thread sweeping would wait for the copy's lock
             return False
         self.reader.release_evicted()
         return True
@@ -65,23 +68,31 @@ class Others:
         return True
 
 
-def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
-                     pinned: bool) -> list[str]:
-    """Read sample 1 of shard 0 through a fresh ShardDataset whose cache holds shard 0 (open
-    already when ``pinned``), with :class:`Others` acting at the given calls; the OS calls seen."""
+@contextmanager
+def others_acting(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
+                  pinned: bool) -> Iterator[tuple[stoker.ShardDataset, Others]]:
+    """A fresh ShardDataset whose cache holds shard 0 (open already when ``pinned``), and
+    :class:`Others` acting at the given OS calls of this thread while the block runs."""
     with stoker.ShardDataset(packed, decode="raw", cache_dir=folder, cache_limit=limit) as dataset:
-        other = ShardCache(folder, packed, dataset.shards.manifest.shards, limit)
+        other = ShardCache(packed, dataset.shards.manifest.shards, StorageSettings(cache_dir=folder, cache_limit=limit))
         other.fetch(0, keep={0})
         if pinned:
             dataset[0]
         others = Others(dataset.shards.reader(0), other, evict_at, restage_at)
         sys.setprofile(others)
         try:
-            got = dataset[1]
+            yield dataset, others
         finally:
             sys.setprofile(None)
-        assert got == stoker.ShardDataset(packed, decode="raw")[1], (evict_at, restage_at, others.calls)
-        return others.calls
+
+
+def read_with_others(packed: Path, folder: Path, limit: int, evict_at: int | None, restage_at: int | None,
+                     pinned: bool) -> list[str]:
+    """Read sample 1 of shard 0 with :func:`others_acting`; the OS calls seen."""
+    with others_acting(packed, folder, limit, evict_at, restage_at, pinned) as (dataset, others):
+        got = dataset[1]
+    assert got == stoker.ShardDataset(packed, decode="raw")[1], (evict_at, restage_at, others.calls)
+    return others.calls
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["first-read", "copy-open"])

@@ -12,13 +12,14 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
-from stoker.data.readers import ReadBuffer, ShardReader
+from stoker.data.readers import ReadBuffer
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.data.skips import Skips
 from stoker.errors import CorruptDataError, OptionError, StokerError
 from stoker.format.manifest import complete_classes
 from stoker.sources.kinds import described
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
+from stoker.storage.settings import StorageSettings
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class ShardDataset(torch.utils.data.Dataset):
     and indexes are fetched once into a local metadata folder and each sample is read by range;
     ``storage_options`` go to fsspec (credentials, ``endpoint_url``). A read cut short is resumed
     from its last good byte and failures retried for up to ``read_timeout`` seconds (an outage
-    shorter than that is ridden out), then a RemoteError names the object, range and attempts.
+    shorter than that is ridden out; ``inf``: for ever), then a RemoteError names the object, range
+    and attempts.
     ``reads_in_flight`` ranged reads run at once per process, ahead of the order, and as parts of
     each whole shard the node cache downloads (``stoker doctor URL`` measures how many fill the link).
 
@@ -66,7 +68,10 @@ class ShardDataset(torch.utils.data.Dataset):
     shards at most; default as far as the limit allows); with any other sampler a shard is
     fetched whole on its first read while there is room. Works for a slow local disk as well as
     a URL. When the limit holds only part of the data set, the sampler and Loader shuffle whole
-    shards instead of 8 MiB blocks, with as many open at once as fill half the limit.
+    shards instead of 8 MiB blocks, with as many open at once as fill half the limit. A copy in
+    the cache is a local file: stoker.Loader reads it on its native path as it reads local disk.
+    These storage arguments are checked once and kept as one ``StorageSettings`` record
+    (``shards.settings``), which worker processes receive as one value.
     """
 
     def __init__(
@@ -103,9 +108,11 @@ class ShardDataset(torch.utils.data.Dataset):
         self.target_transform = target_transform
         self.on_error = on_error
         self.skipped = 0
+        settings = StorageSettings(storage_options=storage_options or {}, read_timeout=read_timeout,
+                                   reads_in_flight=reads_in_flight, cache_dir=cache_dir, cache_limit=cache_limit,
+                                   cache_ahead=cache_ahead)
         self.shards = ShardSet(path, verify=verify, block_bytes=block_bytes, max_open_shards=max_open_shards,
-                               storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                               cache_ahead=cache_ahead, read_timeout=read_timeout, reads_in_flight=reads_in_flight)
+                               settings=settings)
         schema = self.shards.manifest.schema
         if field is not None and field not in schema:
             raise StokerError(f"{self.root}: no field {field!r} in this data set (fields: {', '.join(schema)})")
@@ -152,9 +159,11 @@ class ShardDataset(torch.utils.data.Dataset):
     def image_reads(self, indices: np.ndarray) -> Iterator[ImageReads]:
         """Where the image bytes of samples ``indices`` are, as arrays, with their shard files held
         open while the block runs: for native code that reads and checks many samples without the
-        GIL (stoker/loader/decode_chunk.c). Samples it cannot describe so (shards read remotely
-        or through the node cache, samples without an image member) are left out of ``covered``
-        for the caller to read the usual way, which raises or skips as it says."""
+        GIL (stoker/loader/decode_chunk.c). A shard on local disk and a node-cache copy that is
+        there are such files (a copy is pinned: one evicted meanwhile is still the copy read).
+        Samples it cannot describe so (shards read by range, or not in the node cache yet;
+        samples without an image member; a shard that cannot be opened) are left out of
+        ``covered`` for the caller to read the usual way, which raises or skips as it says."""
         indices = np.asarray(indices, np.int64)
         n = len(indices)
         reads = ImageReads(np.full(n, -1, np.int32), np.zeros(n, np.uint64), np.zeros(n, np.uint64),
@@ -165,7 +174,7 @@ class ShardDataset(torch.utils.data.Dataset):
             for shard in np.unique(shards):
                 try:
                     reader = self.shards.reader(int(shard))
-                    fd = held.enter_context(reader.open_file()) if type(reader) is ShardReader else None
+                    fd = held.enter_context(reader.pinned_file())
                 except StokerError:  # the usual read names it (and on_error decides)
                     continue
                 if fd is None:

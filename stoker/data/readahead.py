@@ -116,7 +116,7 @@ class Lookahead:
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
                  hint_blocks: bool = True, reads_here: bool = True) -> None:
         cache = shards.cache
-        self.stager = (Stager(cache, *shard_schedule(shards.starts, order), ahead=shards.cache_ahead)
+        self.stager = (Stager(cache, *shard_schedule(shards.starts, order), ahead=shards.settings.cache_ahead)
                        if cache is not None else None)
         hint = hint_blocks and self.stager is None and (reads_here or shards.remote is None)
         self.blocks = BlockReadahead(shards, bounds, order, window) if hint else None

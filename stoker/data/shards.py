@@ -1,5 +1,6 @@
 """A data set as a whole: its manifest, where each sample lives, and one reader per open shard
-(see :mod:`stoker.data.readers` and :mod:`stoker.data.remote_reader`), optionally through a node cache.
+(see :mod:`stoker.data.readers`: an index plus a byte source, a local file or ranged reads of a
+URL, through the node cache when there is one), the storage settings and one origin connection.
 
 Files and indexes open lazily in the process that reads (a DataLoader worker, a Loader thread),
 at most ``max_open_shards`` at a time, and pickling carries only the path and options, so a
@@ -19,12 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.data.readers import CachedShardReader, ShardReader
-from stoker.data.remote_reader import RemoteShardReader
-from stoker.format import Manifest, ShardIndex, read_manifest
-from stoker.ranges import BLOCK_BYTES, CACHE_AHEAD, MAX_OPEN_SHARDS, READS_IN_FLIGHT
+from stoker.data.local_file import LocalFile
+from stoker.data.node_copy import NodeCopy
+from stoker.data.readers import ByteSource, ShardReader, open_index
+from stoker.data.remote_ranges import RemoteRanges
+from stoker.format import Manifest, ShardEntry, ShardIndex, read_manifest
+from stoker.ranges import BLOCK_BYTES, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
-from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData, is_url
+from stoker.storage.locks import ProcessLock
+from stoker.storage.remote import is_url
+from stoker.storage.settings import StorageSettings
 
 log = logging.getLogger("stoker.data")
 
@@ -37,56 +42,45 @@ DEFAULT_MAX_OPEN_SHARDS = 128
 _SWEEP_SECONDS = 1.0
 
 
-_process_locks: dict[int, threading.Lock] = {}
-
-
-def _this_process_lock() -> threading.Lock:
-    """A lock of this process's own, made in it (a forked child's copy of a parent's lock may be
-    held forever by a thread the child does not have); dict.setdefault is atomic under the GIL."""
-    return _process_locks.setdefault(os.getpid(), threading.Lock())
+# Held while a forked child forgets its parent's readers (a lock of the child's own: see ProcessLock).
+_FORGETTING = ProcessLock()
 
 
 class ShardSet:
     """A data set folder: manifest, global-to-shard lookup and per-process shard readers."""
 
     def __init__(self, root: str | os.PathLike, verify: bool = True, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, storage_options: dict | None = None,
-                 metadata: Path | None = None, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | None = None, cache_ahead: int | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, reads_in_flight: int = DEFAULT_PARALLEL) -> None:
-        """``root``: a folder or an fsspec URL. ``metadata``: for a URL, the local folder its
-        manifest and indexes were already fetched into (how a pickled ShardSet reaches a worker
-        process without fetching them and checksumming every index again). ``cache_dir`` and
-        ``cache_limit``: a node cache of whole shards (see :class:`ShardCache`), staged up to
-        ``cache_ahead`` shards ahead of a reader (default: as far as the limit allows).
-        ``read_timeout``: for a URL, how long one ranged read keeps retrying (an outage shorter
-        than that is ridden out) before a RemoteError names the object, range and attempts.
-        ``reads_in_flight``: ranged reads from the URL (or cache downloads) at once per process."""
+                 max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, settings: StorageSettings | None = None,
+                 metadata: Path | None = None) -> None:
+        """``root``: a folder or an fsspec URL. ``settings``: how its bytes are fetched and kept on
+        the node (see :class:`StorageSettings`; default: read in place, no node cache).
+        ``metadata``: for a URL, the local folder its manifest and indexes were already fetched into
+        (how a pickled ShardSet reaches a worker process without fetching them and checksumming
+        every index again)."""
         BLOCK_BYTES.check(block_bytes)
         MAX_OPEN_SHARDS.check(max_open_shards)
-        if cache_ahead is not None:
-            CACHE_AHEAD.check(cache_ahead)
-        READS_IN_FLIGHT.check(reads_in_flight)
+        self._open(root, verify, block_bytes, max_open_shards, settings or StorageSettings(), metadata)
+        cache = self.cache
+        if cache is not None and not cache.explicit_limit and not cache.holds_everything:
+            log.warning("%s: the node cache in %s has room for %.1f GB of this %.1f GB data set (half its free "
+                        "space); pass cache_limit= to shuffle and stage whole shards within it", root,
+                        cache.cache_dir, cache.limit / 1e9, sum(e.bytes for e in self.manifest.shards) / 1e9)
+
+    def _open(self, root: str | os.PathLike, verify: bool, block_bytes: int, max_open_shards: int,
+              settings: StorageSettings, metadata: Path | None) -> None:
+        """Open the data set with arguments already checked (by :meth:`__init__`, or in the process
+        that pickled it): its one origin connection (``remote``: for a URL, shared by the range
+        reads and the node cache), its manifest and its node cache."""
         self.source = root
-        self.storage_options = storage_options
-        if not read_timeout > 0:
-            raise ValueError(f"read_timeout must be a positive number of seconds, got {read_timeout!r}")
-        self.read_timeout = read_timeout
-        self.reads_in_flight = reads_in_flight
-        self.remote = (RemoteData(root, storage_options, read_timeout=read_timeout, parallel=reads_in_flight)
-                       if is_url(root) else None)
+        self.settings = settings
+        self.remote = settings.origin(root) if is_url(root) else None
         self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
         self.max_open_shards = max_open_shards
         self.manifest: Manifest = read_manifest(self.root)
-        self.cache = (ShardCache(cache_dir, root, self.manifest.shards, cache_limit, storage_options, read_timeout,
-                                 reads_in_flight) if cache_dir is not None else None)
-        self.cache_ahead = cache_ahead
-        if self.cache is not None and not self.cache.explicit_limit and not self.cache.holds_everything:
-            log.warning("%s: the node cache in %s has room for %.1f GB of this %.1f GB data set (half its free "
-                        "space); pass cache_limit= to shuffle and stage whole shards within it", root, cache_dir,
-                        self.cache.limit / 1e9, sum(e.bytes for e in self.manifest.shards) / 1e9)
+        self.cache = (ShardCache(root, self.manifest.shards, settings, self.remote)
+                      if settings.cache_dir is not None else None)
         self.starts = self.manifest.shard_starts()
         self._starts = self.starts.tolist()  # one entry per shard: bisect on a short list beats numpy per call
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
@@ -116,15 +110,21 @@ class ShardSet:
                 self._readers.move_to_end(shard)
                 return reader
         entry = self.manifest.shards[shard]
-        reader = (RemoteShardReader(self.root, entry, self.verify, self.block_bytes, self.remote) if self.remote
-                  else ShardReader(self.root, entry, self.verify, self.block_bytes))
-        if self.cache is not None:
-            reader = CachedShardReader(reader, self.cache, shard)
+        fetched_from = f"{self.remote.url}/{entry.index}" if self.remote is not None else None
+        reader = ShardReader(open_index(self.root, entry, self.verify, fetched_from), self._byte_source(shard, entry),
+                             self.verify)
         with self._lock:
             reader = self._readers.setdefault(shard, reader)
             while len(self._readers) > self.max_open_shards:
                 self._readers.popitem(last=False)[1].close()
         return reader
+
+    def _byte_source(self, shard: int, entry: ShardEntry) -> ByteSource:
+        """Where shard number ``shard``'s bytes come from: its file, or ranged reads of its object,
+        through the node cache when there is one."""
+        source: ByteSource = (RemoteRanges(self.remote, entry, self.block_bytes) if self.remote is not None
+                              else LocalFile(str(self.root / entry.name), self.block_bytes))
+        return NodeCopy(self.cache, shard, source, self.block_bytes) if self.cache is not None else source
 
     def open_reader(self, shard: int) -> ShardReader | None:
         """The reader of shard number ``shard`` if this process has it open, else None (opening none)."""
@@ -172,14 +172,13 @@ class ShardSet:
         with self._lock:
             readers = list(self._readers.values())
         for reader in readers:
-            if isinstance(reader, CachedShardReader):  # every reader, when there is a cache
-                reader.release_evicted()
+            reader.release_evicted()
 
     def _in_this_process(self) -> None:
         """In a forked child, forget the parent's readers first (once, whichever thread comes
         first: threads of a worker process, Loader(processes=, threads=))."""
         if self._pid != os.getpid():
-            with _this_process_lock():
+            with _FORGETTING:
                 if self._pid != os.getpid():
                     self._forget_parent_readers()
 
@@ -193,11 +192,8 @@ class ShardSet:
 
     def __getstate__(self) -> dict:
         return {"root": self.source, "verify": self.verify, "block_bytes": self.block_bytes,
-                "max_open_shards": self.max_open_shards, "storage_options": self.storage_options,
-                "metadata": self.root if self.remote else None,
-                "cache_dir": self.cache.cache_dir if self.cache else None,
-                "cache_limit": self.cache.limit if self.cache else None, "cache_ahead": self.cache_ahead,
-                "read_timeout": self.read_timeout, "reads_in_flight": self.reads_in_flight}
+                "max_open_shards": self.max_open_shards, "settings": self.settings,
+                "metadata": self.root if self.remote else None}
 
     def __setstate__(self, state: dict) -> None:
-        type(self).__init__(self, **state)
+        self._open(**state)  # checked, and any warning given, where it was made

@@ -120,7 +120,7 @@ def open_target(source: str | os.PathLike | torch.utils.data.Dataset, sample: in
     folder is listed for at most about ``list_seconds``."""
     rng = np.random.default_rng(seed)
     if isinstance(source, ShardDataset):  # stoker's own: its files are known
-        storage_options = source.shards.storage_options
+        storage_options = source.shards.settings.storage_options
         source = source.shards.source
     if isinstance(source, str) and is_url(source):
         return _remote_target(source.rstrip("/"), sample, rng, list_seconds, storage_options)

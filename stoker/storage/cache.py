@@ -20,7 +20,7 @@ Every rule that keeps it correct across processes:
 - Files are counted (copies, other files, and partials as the whole shard they will be), and a
   partial is created, a copy moved into place or removed, only while holding ``.lock``, so the
   files in the folder never add up to more than ``limit`` bytes. A copy that was evicted while a
-  reader had it open keeps its space until the reader notices (see CachedShardReader).
+  reader had it open keeps its space until the reader notices (see stoker.data.node_copy).
 - A reader opens a copy and then checks it (:meth:`ShardCache.open_copy`), and reads only through
   that descriptor: an eviction between its check and its reads cannot make a copy vanish under
   it, nor give it another copy than the one it checked.
@@ -49,15 +49,14 @@ import shutil
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
-from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
+from stoker.errors import CorruptDataError, LocalWriteError, OptionError, RemoteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
-from stoker.ranges import CACHE_LIMIT
 from stoker.storage.files import descriptor_limit
 from stoker.storage.locks import exclusive, is_locked
-from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, RemoteData
+from stoker.storage.remote import RemoteData
+from stoker.storage.settings import StorageSettings
 
 log = logging.getLogger("stoker.storage")
 
@@ -67,23 +66,24 @@ _OWN_FILES = {"limit", "source", ".lock"}
 
 class ShardCache:
     """Node-local copies of the shards of the data set at ``source`` (a folder or an fsspec URL)
-    in ``cache_dir``, within ``limit`` bytes. Without a limit, the one fixed when the folder was
-    first made is used: half the space free there then.
+    in ``settings.cache_dir``, within ``settings.cache_limit`` bytes. Without a limit, the one
+    fixed when the folder was first made is used: half the space free there then. Shards are
+    fetched through ``origin``, the data set's connection (made from ``settings`` when not given),
+    so a data set read by range and cached shares one thread pool and file system.
 
-    Picklable (a DataLoader worker gets the folder, the limit and the source); every method may be
-    called from any thread or process on the node.
+    Picklable (a DataLoader worker gets the source, the shards, the settings and the origin's
+    settings); every method may be called from any thread or process on the node.
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, source: str | os.PathLike, shards: list[ShardEntry],
-                 limit: int | None = None, storage_options: dict[str, Any] | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, reads_in_flight: int = DEFAULT_PARALLEL) -> None:
-        if limit is not None:
-            CACHE_LIMIT.check(limit)
-        self.cache_dir = Path(cache_dir)
+    def __init__(self, source: str | os.PathLike, shards: list[ShardEntry], settings: StorageSettings,
+                 origin: RemoteData | None = None) -> None:
+        if settings.cache_dir is None:
+            raise OptionError("cache_dir=None: a node cache needs a folder")
+        self.cache_dir = Path(settings.cache_dir)
         self.source = source if isinstance(source, str) and "://" in source else str(Path(source).resolve())
         self.shards = shards
-        self.storage_options = storage_options
-        self.origin = RemoteData(self.source, storage_options, read_timeout=read_timeout, parallel=reads_in_flight)
+        self.settings = settings
+        self.origin = origin if origin is not None else settings.origin(self.source)
         self.folder = self.cache_dir / hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self._numbers = {check_name(entry.name): i for i, entry in enumerate(shards)}
         for folder in (self.folder / ".locks", self.folder / ".verified", self.folder / ".consumed",
@@ -91,8 +91,8 @@ class ShardCache:
             folder.mkdir(parents=True, exist_ok=True)
         if not (self.folder / "source").is_file():
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
-        self.explicit_limit = limit is not None
-        self.limit = int(limit) if limit is not None else self._default_limit()
+        self.explicit_limit = settings.cache_limit is not None
+        self.limit = int(settings.cache_limit) if settings.cache_limit is not None else self._default_limit()
         with exclusive(self.folder / ".lock", inherit=False):
             self._remove_abandoned_partials()
 
@@ -338,9 +338,7 @@ class ShardCache:
                 item.unlink(missing_ok=True)
 
     def __getstate__(self) -> dict:
-        return {"cache_dir": self.cache_dir, "source": self.source, "shards": self.shards,
-                "limit": self.limit if self.explicit_limit else None, "storage_options": self.storage_options,
-                "read_timeout": self.origin.read_timeout, "reads_in_flight": self.origin.parallel}
+        return {"source": self.source, "shards": self.shards, "settings": self.settings, "origin": self.origin}
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)

@@ -8,6 +8,8 @@ shard's lock would hold it for its whole life, and readers waiting for that shar
 for it. Locks taken with ``inherit=False`` are therefore closed in every forked child.
 
 Lock files are never deleted: deleting one would let two processes hold "the" lock on two files.
+
+Within a process, :class:`ProcessLock` is a threading lock that a forked child gets fresh.
 """
 
 from __future__ import annotations
@@ -107,6 +109,22 @@ def is_locked(path: Path) -> bool:
     """Whether some process holds the exclusive lock on ``path`` right now."""
     with _lock_file(path, inherit=False) as fd:
         return not _try(fd, fcntl.LOCK_SH)
+
+
+class ProcessLock:
+    """A threading lock of each process's own (``with lock:``): a forked child gets a new one,
+    never its copy of the parent's, which a parent thread may have held at the fork and no
+    thread of the child would release. ``dict.setdefault`` is atomic under the GIL, so the
+    child's first threads agree on one."""
+
+    def __init__(self) -> None:
+        self._locks: dict[int, threading.Lock] = {}
+
+    def __enter__(self) -> None:
+        self._locks.setdefault(os.getpid(), threading.Lock()).acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._locks[os.getpid()].release()
 
 
 def _try(fd: int, operation: int) -> bool:

@@ -34,6 +34,7 @@ from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.deadline import Deadline, NoAnswer, Progress, call_within
 from stoker.storage.files import raise_if_out_of_files
+from stoker.storage.locks import ProcessLock
 from stoker.storage.ranged import BrokenAnswer, read_into
 from stoker.storage.retry import with_retries
 
@@ -98,7 +99,7 @@ class RemoteData:
         self._root = ""
         self._pid = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self._pool_lock = ProcessLock()  # a forked worker's own: a parent thread may hold it at the fork
 
     def metadata(self) -> Path:
         """A local folder holding this data set's manifest and every index, fetched if missing or damaged."""

@@ -18,6 +18,7 @@ from stoker.errors import CorruptDataError, StokerError
 from stoker.format import member_checksum
 from stoker.format.layout import FRAME_TABLE_FIELD, frame_field, is_frame_field
 from stoker.ranges import CLIP_FPS
+from stoker.storage.settings import StorageSettings
 from stoker.video.decode import decode_frames
 from stoker.video.sampling import Sampling, clip_indices
 from stoker.video.table import FrameTable, VideoError
@@ -51,8 +52,8 @@ class VideoClipDataset(torch.utils.data.Dataset):
         self.clip_len, self.stride, self.sampling, self.clips_per_video, self.fps = (clip_len, stride, sampling,
                                                                                       clips_per_video, fps)
         self.layout, self.transform, self.seed, self.verify = layout, transform, seed, verify
-        self.shards = ShardSet(path, verify=verify, storage_options=storage_options, cache_dir=cache_dir,
-                               cache_limit=cache_limit)
+        settings = StorageSettings(storage_options=storage_options or {}, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.shards = ShardSet(path, verify=verify, settings=settings)
         kinds = set(self.shards.manifest.schema.values())
         if "frame_table" not in kinds:
             raise StokerError(f"{self.root}: not a video data set (pack it with stoker pack --video-mode frames|video)")

@@ -1,79 +1,71 @@
-"""A shard at an fsspec URL (an object store): its index from the local metadata folder, its
-members read by range, ahead of the order in parallel ranged GETs when the order says what comes
-next (see :class:`RemoteShardReader`).
+"""RemoteRanges: a shard's bytes from an object at an fsspec URL, read by range, ahead of the
+order in parallel ranged GETs when the order says what comes next (see :mod:`stoker.data.readers`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
-from typing import overload
+from contextlib import contextmanager
 
-import numpy as np
-
-from stoker.data.readers import ReadBuffer, ShardReader
+from stoker.data.readers import MemberRead, ReadBuffer, RecentBlocks
 from stoker.errors import CorruptDataError, RemoteError
-from stoker.format import ShardEntry, member_checksum
+from stoker.format import ShardEntry
 from stoker.storage.remote import RemoteData
 
-# Blocks of a remote shard kept in memory per reader (8 MiB each by default).
+# Blocks of a remote shard kept in memory per source (8 MiB each by default).
 _REMOTE_BLOCKS = 4
 
 
-class RemoteShardReader(ShardReader):
-    """A shard at an fsspec URL: the index from the local metadata folder, members read by range.
+class RemoteRanges:
+    """The shard ``entry`` of the data set at ``remote``'s URL, read by range.
 
     An order that reads ahead (:class:`stoker.data.readahead.BlockReadahead`, hinting each block
     about a window before it is needed) makes :meth:`readahead` queue the block's bytes as ranged
     GETs of :data:`_PART_BYTES` each, ``RemoteData.parallel`` in flight per process, in the order
     the blocks are needed; a read waits only for the parts its member lies in, and a block is
     dropped once each of its samples was read (or after :data:`_REMOTE_SPANS` newer ones). Without
-    hints, as :meth:`ShardReader._readahead` does for a disk, a second read inside the same block
-    fetches the whole block in one request and keeps it in memory (the last ``_REMOTE_BLOCKS``
-    blocks per shard reader); a fully random order makes one request per sample. Every member is
-    checked against the index's checksum before use; one that does not match is read again
-    directly (a transport may have mangled it) and raises CorruptDataError only when the object
-    gives the same wrong bytes twice.
+    hints, as :class:`stoker.data.local_file.LocalFile` does for a disk, a second read inside the
+    same block of ``block_bytes`` fetches the whole block in one request and keeps it in memory
+    (the last ``_REMOTE_BLOCKS`` blocks per shard); a fully random order makes one request per
+    sample. Bytes that fail their check are read again directly (a transport may have mangled
+    them) and raise CorruptDataError only when the object gives the same wrong bytes twice. A
+    RemoteError (the store down for longer than the read timeout, denied access) propagates as it
+    is: it says nothing about the data, so on_error="skip" must never skip past it.
     """
 
-    def __init__(self, root: Path, entry: ShardEntry, verify: bool, block_bytes: int, remote: RemoteData) -> None:
-        try:
-            super().__init__(root, entry, verify, block_bytes)
-        except CorruptDataError as e:  # the metadata folder holds what the source gave: name the object
-            raise CorruptDataError(f"{remote.url}/{entry.index}", None, f"{e.reason} (fetched into {e.shard})") from None
+    def __init__(self, remote: RemoteData, entry: ShardEntry, block_bytes: int) -> None:
         self.remote = remote
+        self.entry = entry
         self.path = f"{remote.url}/{entry.name}"
+        self.recent = RecentBlocks(block_bytes)
+        self._lock = threading.Lock()
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._spans: OrderedDict[int, _Span] = OrderedDict()
 
-    @overload
-    def read_member(self, local: int, member: np.void, into: None = None) -> bytes: ...
-    @overload
-    def read_member(self, local: int, member: np.void, into: ReadBuffer | None) -> bytes | memoryview: ...
-
-    def read_member(self, local: int, member: np.void, into: ReadBuffer | None = None) -> bytes | memoryview:
-        """As :meth:`ShardReader.read_member`; a member that fails its check is read once more on its own."""
+    def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
+        """The bytes ``wanted`` asks for, checked; read once more on their own when they fail."""
         try:
-            return super().read_member(local, member, into)
+            return wanted.checked(_into(self._fetch(wanted), into), self.path)
         except CorruptDataError as first:
-            offset, size = int(member["offset"]), int(member["size"])
-            data = self.remote.read_range(self.entry.name, offset, offset + size)
-            if not self.verify or member_checksum(data) == int(member["checksum"]):
-                return _into(data, into)
-            raise CorruptDataError(self.path, self.index.key(local),
-                                   f"{first.reason}, the same on reading it again: damaged at the source") from None
+            again = self.remote.read_range(self.entry.name, wanted.offset, wanted.offset + wanted.size)
+            try:
+                return wanted.checked(_into(again, into), self.path)
+            except CorruptDataError:
+                raise wanted.damaged(self.path, f"{first.reason}, the same on reading it again: "
+                                                "damaged at the source") from None
 
-    def _read(self, local: int, offset: int, size: int, into: ReadBuffer | None) -> bytes | memoryview:
-        # A RemoteError (the store down for longer than the read timeout, denied access) propagates
-        # as it is: it says nothing about the data, so on_error="skip" must never skip past it.
-        data = self._from_span(local, offset, size)
+    def _fetch(self, wanted: MemberRead) -> bytes:
+        """The bytes ``wanted`` asks for: from a block read ahead, a block in memory, or one ranged read."""
+        offset, size = wanted.offset, wanted.size
+        data = self._from_span(wanted.local, offset, size)
         if data is None:
-            data = self._from_block(offset // self.block_bytes, offset, size)
+            data = self._from_block(offset // self.recent.block_bytes, offset, size)
         if data is None:
             data = self.remote.read_range(self.entry.name, offset, offset + size)
-        return _into(data, into)
+        return data
 
     def _from_span(self, local: int, offset: int, size: int) -> bytes | None:
         """The member's bytes from a block read ahead, waiting for its parts; None when no block holds it."""
@@ -95,27 +87,27 @@ class RemoteShardReader(ShardReader):
     def _from_block(self, block: int, offset: int, size: int) -> bytes | None:
         """The member's bytes from a block in memory, fetching the block on its second touch; None
         on a first touch (read just the member) or when the member crosses the block's end."""
-        start = block * self.block_bytes
-        if offset + size > start + self.block_bytes:
+        block_bytes = self.recent.block_bytes
+        start = block * block_bytes
+        if offset + size > start + block_bytes:
             return None
         with self._lock:
             data = self._blocks.get(block)
             if data is not None:
                 self._blocks.move_to_end(block)
-            before = self._touch(block)
+        before = self.recent.touch(block)
         if data is None and before is None:
             return None
         if data is None:
-            data = self.remote.read_range(self.entry.name, start, min(start + self.block_bytes, self.entry.bytes))
+            data = self.remote.read_range(self.entry.name, start, min(start + block_bytes, self.entry.bytes))
             with self._lock:
                 self._blocks[block] = data
                 while len(self._blocks) > _REMOTE_BLOCKS:
                     self._blocks.popitem(last=False)
         return data[offset - start : offset - start + size]
 
-    def readahead(self, first: int, last: int) -> None:
-        """Queue the bytes of samples ``first..last`` as ranged GETs (see the class)."""
-        start, end = self.index.span(first, last)
+    def readahead(self, first: int, last: int, start: int, end: int) -> None:
+        """Queue bytes ``start:end`` (samples ``first..last``) as ranged GETs (see the class)."""
         with self._lock:
             if start in self._spans or end <= start:
                 return
@@ -126,14 +118,21 @@ class RemoteShardReader(ShardReader):
             while len(self._spans) > _REMOTE_SPANS:
                 self._spans.popitem(last=False)[1].cancel()
 
-    def cancel_readahead(self, first: int, last: int) -> None:
+    def cancel_readahead(self, first: int, last: int, start: int) -> None:
         """Drop the read-ahead of samples ``first..last`` (its parts not yet begun are never fetched)."""
-        start, _ = self.index.span(first, last)
         with self._lock:
             span = self._spans.get(start)
             if span is not None and span.first == first and span.last == last:
                 del self._spans[start]
                 span.cancel()
+
+    @contextmanager
+    def pinned_file(self) -> Iterator[int | None]:
+        """None: the bytes are in no local file."""
+        yield None
+
+    def release_evicted(self) -> None:
+        """Nothing: no copy is held."""
 
     def close(self) -> None:
         """Drop the blocks held in memory and those read ahead."""
