@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stoker
-from stoker.loader import batches, photometric
+from stoker.loader import photometric, thread_augment
 
 pytest.importorskip("torchvision", reason="needs torchvision (make test runs these tests in .venv-tv)")
 pytest.importorskip("stoker.loader._photometric", reason="the photometric extension is not built")
@@ -33,8 +33,8 @@ def _batches(path, pipeline, threads) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", PIPELINES)
 def test_the_native_augmentation_gives_the_per_image_batches(packed, monkeypatch, name):
     calls = []
-    real = batches.augment_chunk
-    monkeypatch.setattr(batches, "augment_chunk", lambda *args: calls.append(1) or real(*args))
+    real = thread_augment.augment_chunk
+    monkeypatch.setattr(thread_augment, "augment_chunk", lambda *args: calls.append(1) or real(*args))
     native = _batches(packed, PIPELINES[name], threads=3)
     assert calls  # the native path ran
     with monkeypatch.context() as m:
