@@ -75,3 +75,25 @@ def test_gpu_batches_match_cpu_batches(packed):
     assert torch.equal(gpu[1].cpu(), cpu[1])
     # the same boxes and flips; decoders and resampling differ by a few levels
     assert (gpu[0].cpu().float() - cpu[0].float()).abs().mean() < 8
+
+
+@pytest.mark.torchvision
+def test_the_gpu_decode_strategy_gives_the_cpu_path_s_batches_on_any_device(packed):
+    """GpuDecode in the batch engine with the CPU as its device (torchvision's decode_jpeg runs there
+    too, so this runs without a GPU): the threads read bytes, finish decodes and crops them with the
+    CPU path's boxes and flips, the labels the same."""
+    pytest.importorskip("torchvision.io")
+    from stoker.data.epoch import RankBatches
+    from stoker.loader.batches import BatchMaker, PerImage
+    from stoker.loader.gpu_decode import GpuDecode
+    from stoker.loader.images import Images
+
+    dataset, crop = stoker.ShardDataset(packed), CropSpec(size=(48, 48))
+    batches, indices = RankBatches(0, len(dataset), 1, 0, 16), np.arange(3, 19)
+    on_cpu = BatchMaker(Images(dataset), PerImage(), crop, 3, batches)
+    on_device = BatchMaker(Images(dataset), GpuDecode(dataset, torch.device("cpu")), crop, 3, batches)
+    cpu, cpu_labels = on_cpu.finish(on_cpu.make(0, 0, indices, threads=2))
+    device, device_labels = on_device.finish(on_device.make(0, 0, indices, threads=2))
+    assert device.shape == cpu.shape == (16, 48, 48, 3) and device.dtype == torch.uint8
+    assert torch.equal(device_labels, cpu_labels)
+    assert (device.float() - cpu.float()).abs().mean() < 8  # the same boxes and flips; decoders differ a little

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import stoker
-import stoker.augment.native
-from stoker.loader import batches
+from stoker.augment import native as photometric
+from stoker.loader import thread_augment
 
 pytest.importorskip("torchvision", reason="needs torchvision (make test runs these tests in .venv-tv)")
 pytest.importorskip("stoker.augment._photometric", reason="the photometric extension is not built")
@@ -34,12 +34,12 @@ def _batches(path, pipeline, threads) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", PIPELINES)
 def test_the_native_augmentation_gives_the_per_image_batches(packed, monkeypatch, name):
     calls = []
-    real = batches.augment_chunk
-    monkeypatch.setattr(batches, "augment_chunk", lambda *args: calls.append(1) or real(*args))
+    real = thread_augment.augment_chunk
+    monkeypatch.setattr(thread_augment, "augment_chunk", lambda *args: calls.append(1) or real(*args))
     native = _batches(packed, PIPELINES[name], threads=3)
     assert calls  # the native path ran
     with monkeypatch.context() as m:
-        m.setattr(stoker.augment.native, "apply_chunk", None)  # as where the extension is not built
+        m.setattr(photometric, "apply_chunk", None)  # as where the extension is not built
         per_image = _batches(packed, PIPELINES[name], threads=2)
     assert len(native) == len(per_image)
     for a, b in zip(native, per_image):

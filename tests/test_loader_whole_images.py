@@ -15,14 +15,21 @@ from PIL import Image
 
 import stoker
 from stoker.data.epoch import RankBatches
-from stoker.loader.batches import BatchMaker
+from stoker.loader.batches import BatchMaker, PerImage
 from stoker.loader.buffers import BatchRing, mapped_pixels
+from stoker.loader.images import Images
 from stoker.loader.torchvision_plan import PerSample
 
 
 def to_small_tensor(image: Image.Image) -> torch.Tensor:
     """A user's own per-sample transform: any PIL image -> (3, 24, 32) uint8."""
     return torch.from_numpy(np.array(image.resize((32, 24), Image.BILINEAR))).permute(2, 0, 1).contiguous()
+
+
+def whole_images(dataset: stoker.ShardDataset) -> BatchMaker:
+    """The batch engine as the Loader makes it for whole images and a per-sample transform."""
+    return BatchMaker(Images(dataset), PerImage(), None, seed=0, batches=RankBatches(0, 12, 1, 0, 4),
+                      transform=PerSample((to_small_tensor,), "pil"))
 
 
 def make_whole(maker: BatchMaker, ring: BatchRing, number: int, indices: np.ndarray, threads: int):
@@ -50,7 +57,7 @@ def test_a_shape_of_no_bytes_gets_an_empty_tensor_from_the_ring_and_fresh_memory
 @pytest.mark.parametrize("threads", [1, 3])
 def test_whole_images_in_threads_are_what_imagefolder_and_the_transform_give(photos, packed, threads):
     dataset = stoker.ShardDataset(packed)
-    maker = BatchMaker(dataset, None, PerSample((to_small_tensor,), "pil"), seed=0, batches=RankBatches(0, 12, 1, 0, 4))
+    maker = whole_images(dataset)
     assert maker.sample_shape() == (0,)
     ring = BatchRing((40, *maker.buffer_shape()), slots=3)
     order = np.random.default_rng(3).permutation(len(dataset))
@@ -65,7 +72,7 @@ def test_whole_images_in_threads_are_what_imagefolder_and_the_transform_give(pho
 def test_whole_images_of_every_mode_are_rgb_as_imagefolder_gives_them(odd_images, tmp_path):
     stoker.pack(odd_images, tmp_path / "ds", progress=False)
     dataset = stoker.ShardDataset(tmp_path / "ds")
-    maker = BatchMaker(dataset, None, PerSample((to_small_tensor,), "pil"), seed=0, batches=RankBatches(0, 12, 1, 0, 4))
+    maker = whole_images(dataset)
     indices = np.arange(len(dataset))
     images, _ = make_whole(maker, BatchRing((len(dataset), *maker.buffer_shape()), 2), 0, indices, 2)
     assert torch.equal(images, expected(odd_images, dataset, indices))
@@ -73,7 +80,7 @@ def test_whole_images_of_every_mode_are_rgb_as_imagefolder_gives_them(odd_images
 
 def test_a_worker_process_makes_the_same_whole_image_batch(packed, photos):
     dataset = stoker.ShardDataset(packed)
-    maker = BatchMaker(dataset, None, PerSample((to_small_tensor,), "pil"), seed=0, batches=RankBatches(0, 12, 1, 0, 4))
+    maker = whole_images(dataset)
     indices = np.arange(5, 25)
     batch = maker.make(0, 0, indices)
     images, _ = maker.finish(batch)

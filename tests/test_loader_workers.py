@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import stoker
-from stoker.loader import loader as loader_module
+from stoker.loader import plan as plan_module
 from stoker.loader.crops import CropSpec
 from stoker.loader.workers import choose_workers
 
@@ -41,7 +41,7 @@ def _pass(loader: stoker.Loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def test_on_few_cores_the_loader_keeps_its_threads(packed, monkeypatch):
-    monkeypatch.setattr(loader_module, "available_cores", lambda: 2)
+    monkeypatch.setattr(plan_module, "available_cores", lambda: 2)
     loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC)
     assert "threads until the first batches are measured" in loader.explain()
     _pass(loader)
@@ -61,12 +61,12 @@ def test_the_choice_made_from_the_first_batches_runs_the_next_pass_with_the_same
         asked.append((cores, threads, cores_used, waited))
         return choose_workers(4, threads, 1.0, 0.5)  # the GIL-bound case: 4 processes of 2 threads
 
-    monkeypatch.setattr(loader_module, "choose_workers", rule)
+    monkeypatch.setattr(plan_module, "choose_workers", rule)
     loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC, seed=4)
     first = _pass(loader)
     second = _pass(loader)
     [(cores, threads, cores_used, waited)] = asked
-    assert threads == loader_module.available_cores() + 1 and cores_used >= 0 and 0 <= waited <= 1
+    assert threads == plan_module.available_cores() + 1 and cores_used >= 0 and 0 <= waited <= 1
     assert loader.processes == 4 and loader.threads == 2 and "4 worker processes" in loader.explain()
     reference = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC, seed=4, processes=0, threads=2)
     for made, expected in zip((first, second), (_pass(reference), _pass(reference)), strict=True):

@@ -8,7 +8,7 @@
 stoker.Loader and QuasiRandomSampler read a Mix as they read a ShardDataset; the Loader's native
 decode path reads it too (:meth:`Mix.image_reads` gives every source's samples as arrays). The sources
 are all image sets (ShardDataset) or all video clip sets (stoker.VideoClipDataset): a Mix of clip
-sets is read as one clip set, the Loader's ClipBatchMaker taking each clip from its source.
+sets is read as one clip set, the Loader's Clips (loader/clips.py) taking each clip from its source.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.data.epoch import EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank, resolve_seed
+from stoker.data.mix import Mix
 from stoker.data.readable import Readable, consumed_of, epoch_order_of, identity_of
 from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, ORDER, START_EPOCH, WINDOW
 from stoker.state import Position, StateError
@@ -103,6 +104,7 @@ class Passes:
         self._seed_given = seed is not None
         self._identity = identity_of(dataset)  # what a state names the data by (computed once)
         self._begun = 0  # passes begun (iter() calls)
+        self._started: EpochPlan | None = None  # the plan of the pass last started
 
     def __len__(self) -> int:
         """Samples per epoch, all ranks together."""
@@ -135,6 +137,33 @@ class Passes:
     def latest(self, number: int) -> bool:
         """Whether pass ``number`` (of :meth:`begin`) is the latest one begun."""
         return number == self._begun
+
+    def start(self, number: int) -> EpochPlan:
+        """Pass ``number``'s first batch is asked for: its plan, from where the cursor is then (if it
+        is the latest pass, a later ``iter()`` starts afresh)."""
+        if self.latest(number):
+            self.cursor.started()
+        self._started = self.plan(self.cursor.epoch, self.cursor.position, self.cursor.consumed)
+        return self._started
+
+    def progress(self, number: int, plan: EpochPlan, batches: int) -> None:
+        """Pass ``number`` (over ``plan``) has handed out ``batches`` batches: the cursor is there, if
+        it is the latest pass (an older iterator's batches move nothing)."""
+        if self.latest(number):
+            cursor = self.cursor
+            cursor.position, cursor.consumed = plan.batches.samples_done(batches), plan.consumed(batches)
+            cursor.finished = batches == len(plan.batches)
+
+    def consumed(self, batches: int) -> tuple[int, ...] | None:
+        """A Mix's samples of each source consumed once this rank has made ``batches`` batches of the
+        pass from the cursor (None for one data set): by the plan of the pass last started, or one
+        made now where that plan is not the cursor's."""
+        if not isinstance(self.dataset, Mix):
+            return None
+        cursor, plan = self.cursor, self._started
+        if plan is None or (plan.epoch, plan.batches.origin) != (cursor.epoch, cursor.position):
+            plan = self._started = self.plan(cursor.epoch, cursor.position, cursor.consumed)
+        return plan.consumed(batches)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass reads ``epoch`` (checked: OptionError out of range)."""

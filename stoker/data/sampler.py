@@ -9,9 +9,8 @@ import numpy as np
 import torch.utils.data
 
 from stoker.data.dataset import ShardDataset
-from stoker.data.epoch import BlockOrder, EpochPlan
+from stoker.data.epoch import BlockOrder
 from stoker.data.mix import Mix
-from stoker.data.mix_plan import MixOrder
 from stoker.data.passes import Passes, PassesReader
 from stoker.data.readable import reads_ahead
 from stoker.errors import OptionError
@@ -95,7 +94,6 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
             assert isinstance(self._order, BlockOrder)
             self.shards, self.bounds = dataset.shards, self._order.bounds
         self.total_samples = len(self._order)  # all ranks; len(self) is this rank's part
-        self._pass_plan: EpochPlan | None = None  # the plan of the pass last started (a Mix's state counts from it)
 
     def state_dict(self, samples_done: int | None = None) -> dict[str, Any]:
         """The position to resume from after this rank's loop has consumed ``samples_done`` samples of
@@ -119,13 +117,13 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
                              f"samples by a batch_size={self.batch_size} or more: count the samples this pass's loop "
                              "consumed (its steps x batch_size), not those of several passes or of all ranks")
         if over >= 0:
-            return self._passes.record(batches.end, self._pass_consumed(len(batches))).to_dict()
+            return self._passes.record(batches.end, self._passes.consumed(len(batches))).to_dict()
         if samples_done % self.batch_size:
             raise ValueError(f"samples_done={samples_done} is not a multiple of the sampler's batch_size="
                              f"{self.batch_size}: only whole chunks of every rank are a prefix of the epoch's order "
                              "(give the sampler the DataLoader's batch_size, or 1)")
         made = samples_done // self.batch_size
-        return self._passes.record(batches.samples_done(made), self._pass_consumed(made)).to_dict()
+        return self._passes.record(batches.samples_done(made), self._passes.consumed(made)).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next pass yields this rank's part of the rest of ``state``'s epoch, the passes
@@ -145,11 +143,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
         return self._pass(self._passes.begin())
 
     def _pass(self, number: int) -> Iterator[int]:
-        cursor = self._passes.cursor
-        if self._passes.latest(number):
-            cursor.started()
-        plan = self._pass_plan = self._passes.plan(cursor.epoch, cursor.position, cursor.consumed)
-        share = plan.share
+        share = self._passes.start(number).share
         # DataLoader workers read in other processes: blocks of an object store fetched here would go unread.
         ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead, reads_here=False)
         try:
@@ -158,20 +152,10 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
                 yield from share[start : start + _HINT_EVERY].tolist()
             ahead.advance(len(share))
             if self._passes.latest(number):  # the next pass reads the next epoch (not yet: workers may be delivering)
-                cursor.finished = True
+                self._passes.cursor.finished = True
         finally:
             ahead.close()
 
     def __len__(self) -> int:
         """This rank's samples in the next pass: a whole pass's, or the rest of a loaded state's epoch."""
         return self._passes.batches(self._passes.upcoming()[1]).samples
-
-    def _pass_consumed(self, batches: int) -> tuple[int, ...] | None:
-        """A Mix's samples of each source consumed once this rank's loop made ``batches`` batches of
-        the current pass (None for one data set)."""
-        if not isinstance(self._order, MixOrder):
-            return None
-        cursor, plan = self._passes.cursor, self._pass_plan
-        if plan is None or (plan.epoch, plan.batches.origin) != (cursor.epoch, cursor.position):
-            plan = self._pass_plan = self._passes.plan(cursor.epoch, cursor.position, cursor.consumed)
-        return plan.consumed(batches)

@@ -1,7 +1,8 @@
 """What stoker.Loader takes, checked before any work: the data set (a ShardDataset, a Mix or a
-VideoClipDataset; anything else is refused in one line that points to stoker.loader_for), the
-device, what ``decode="gpu"`` needs, and what becomes of ``transform``. Each numeric or
-one-of-a-few option is checked through stoker/ranges.py where the Loader takes it.
+VideoClipDataset; anything else is refused in one line that points to stoker.loader_for) and
+what its plan needs to know of it, the device, the crop and the transform. Each numeric or
+one-of-a-few option is checked through stoker/ranges.py where the Loader takes it; what does not
+go together, by the plan (plan.py).
 """
 
 from __future__ import annotations
@@ -13,22 +14,26 @@ import torch
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix, is_clip_set
+from stoker.data.readable import fetches_per_process
 from stoker.errors import OptionError
-from stoker.loader.batches import BatchMaker, SampleTransform
 from stoker.loader.crops import CropSpec
-from stoker.loader.torchvision_plan import Step, TransformPlan, plan
+from stoker.loader.plan import Description
 
 
-def maker_type(dataset: Any) -> type[BatchMaker]:
-    """What makes the batches of ``dataset``: images (a ShardDataset, a Mix of them), or video clips
-    (a VideoClipDataset, a Mix of them). Anything else: OptionError saying what the Loader reads."""
-    if isinstance(dataset, ShardDataset) or (isinstance(dataset, Mix) and not dataset.clips):
-        return BatchMaker
-    if not isinstance(dataset, Mix) and not is_clip_set(dataset):
+def describe(dataset: Any) -> Description:
+    """What the plan needs of ``dataset``: images (a ShardDataset, a Mix of them), or video clips
+    (a VideoClipDataset, a Mix of them). Anything else, or a data set with its own transform:
+    OptionError saying what the Loader reads."""
+    if isinstance(dataset, Mix):
+        clips = dataset.clips
+    elif isinstance(dataset, ShardDataset) or is_clip_set(dataset):
+        clips = not isinstance(dataset, ShardDataset)
+    else:
         raise OptionError(_refusal(dataset))
-    from stoker.loader.clips import ClipBatchMaker  # PyAV only for video data sets
-
-    return ClipBatchMaker
+    if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
+        raise OptionError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
+                          "pass Loader(transform=...) and a data set without transform/target_transform")
+    return Description(clips, isinstance(dataset, Mix), dataset.layout if clips else None, fetches_per_process(dataset))
 
 
 def _refusal(dataset: Any) -> str:
@@ -69,34 +74,9 @@ def check_crop(crop: Any) -> CropSpec | None:
     return crop
 
 
-def plan_transform(maker_type: type[BatchMaker], transform: SampleTransform | None,
-                   crop: CropSpec | None) -> TransformPlan:
-    """What becomes of ``transform``: a torchvision pipeline over images is translated
-    (torchvision_plan.py); over video clips, any transform runs per clip as given."""
+def check_transform(transform: Any) -> Any:
+    """``transform`` when it is callable or None; else OptionError."""
     if transform is not None and not callable(transform):
         raise OptionError(f"transform={transform!r}: must be callable (a torchvision pipeline or a function of "
                           "one sample) or None")
-    if maker_type is BatchMaker:
-        return plan(transform, crop)
-    if transform is None:
-        return TransformPlan(crop or CropSpec())
-    steps = (Step(repr(transform), "per sample", "video clips: run as given on each (T, 3, H, W) uint8 clip"),)
-    return TransformPlan(crop or CropSpec(), per_sample=(transform,), steps=steps)
-
-
-def gpu_for_decoding(maker_type: type[BatchMaker], steps: TransformPlan, processes: int,
-                     device: torch.device | None) -> torch.device:
-    """The CUDA device that decodes with decode="gpu", or why there is none."""
-    from stoker.augment.device import default_device
-
-    if maker_type is not BatchMaker:
-        raise OptionError("decode='gpu' decodes images; video clips are decoded on the CPU")
-    if steps.per_sample or steps.crop is None or processes:
-        raise OptionError("decode='gpu' makes batches on the GPU: no per-sample transform or worker processes "
-                          "(augment the batch there with stoker.augment)")
-    device = device or default_device()
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise OptionError(f"decode='gpu' needs a CUDA device, got {device} (no GPU here? decode='cpu' decodes with "
-                          "threads)")
-    return device
-
+    return transform

@@ -15,13 +15,14 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from stoker.data.dataset import ShardDataset
 from stoker.loader.batches import Batch, BatchMaker
 from stoker.loader.crops import BatchDraws, CropSpec, crop_box
 from stoker.pixels import pixel_limit, too_many_pixels
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _GPU_SOF = {0xC0, 0xC1}  # baseline and extended sequential, Huffman coded
-_UNREAD = torch.empty(0, dtype=torch.uint8)  # a sample's bytes until fill() has read them
 
 
 def gpu_decodable(data: bytes | memoryview | np.ndarray) -> bool:
@@ -70,43 +70,39 @@ def _adobe_cmyk(header: bytes) -> bool:
 
 
 @dataclass(frozen=True)
-class GpuBatchMaker(BatchMaker):
-    """A :class:`BatchMaker` whose threads read bytes and whose ``finish`` decodes and crops the
-    batch on ``device``. Not picklable into worker processes: the GPU work is the consumer's."""
+class GpuDecode:
+    """The batch engine's decode strategy for ``decode="gpu"``: the threads read each sample's bytes
+    into ``batch.held``; :meth:`images` decodes the batch and cuts its crops on ``device``. Its
+    batches are made in the loop's process (the plan refuses worker processes with it)."""
 
-    crop: CropSpec  # the Loader refuses decode="gpu" without a crop
-    device: torch.device = field(default=torch.device("cuda"))
+    dataset: ShardDataset
+    device: torch.device
+    host = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         try:
             import torchvision.io  # noqa: F401
         except ImportError:
             raise ImportError("decode='gpu' decodes with torchvision's nvJPEG binding: pip install 'stoker[gpu]'") from None
 
-    def start(self, epoch: int, number: int, indices: np.ndarray, shared: bool = False,
-              pixels: torch.Tensor | None = None) -> Batch:
-        """Batch ``number``: its crops drawn as the CPU path draws them; no pixels on the host."""
-        return Batch(epoch, number, indices, torch.empty(0, dtype=torch.uint8), torch.empty(len(indices), dtype=torch.int64),
-                     self.draws(epoch, number, len(indices)), None, encoded=[_UNREAD] * len(indices))
-
-    def fill(self, batch: Batch, positions: np.ndarray) -> None:
+    def place(self, maker: BatchMaker, batch: Batch, positions: np.ndarray, out: np.ndarray | None,
+              slots: np.ndarray) -> None:
         """Read the bytes of the samples at ``positions`` (any thread)."""
-        targets, encoded = batch.labels.numpy(), batch.encoded
-        assert encoded is not None, "a batch of start() above"
+        targets, encoded = batch.labels.numpy(), batch.held
+        assert encoded is not None, "start() makes it for a decode that is not on the host"
         for j in positions:
             data, targets[j] = self.dataset.read_image(int(batch.indices[j]))
             encoded[j] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
-    def finish(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def images(self, maker: BatchMaker, batch: Batch) -> torch.Tensor:
         """Decode the batch on the GPU and crop every image into (B, H, W, 3) uint8 there."""
         indices = [int(i) for i in batch.indices]
-        assert batch.encoded is not None, "a batch of start() above"
-        images = decode_on_gpu(batch.encoded, self.device, lambda j, e: self.dataset.decode_error(indices[j], e),
+        assert batch.held is not None and maker.crop is not None, "the plan gives decode='gpu' a crop"
+        images = decode_on_gpu(batch.held, self.device, lambda j, e: self.dataset.decode_error(indices[j], e),
                                lambda j: self.dataset.key(indices[j]))
-        out = torch.empty((len(images), *self.crop.size, 3), dtype=torch.uint8, device=self.device)
-        crop_into_batch(images, self.crop, batch.draws, out)
-        return out, batch.labels
+        out = torch.empty((len(images), *maker.crop.size, 3), dtype=torch.uint8, device=self.device)
+        crop_into_batch(images, maker.crop, batch.draws, out)
+        return out
 
 
 def decode_on_gpu(encoded: list[torch.Tensor], device: torch.device, error: Callable[[int, Exception], Exception],

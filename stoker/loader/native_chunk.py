@@ -4,9 +4,10 @@ decodes, crops, resizes and flips a whole chunk of samples with the GIL released
 Per image from Python (decode_crop.py), the work around the C calls held the GIL for 50-80 us per
 image, so a process's threads stopped adding speed after a few cores (issue 30's py-spy figures).
 Here Python runs once per chunk: it describes the chunk's reads as arrays
-(:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and returns which samples were made;
-the rest (not JPEG, CMYK, damaged, read remotely or through the node cache) go through
-decode_crop.py one by one, which decodes what Pillow can and raises or skips as ``on_error`` says.
+(:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and learns which samples were made;
+:class:`NativeChunk`, the batch engine's decode strategy for it, hands the rest (not JPEG, CMYK,
+damaged, read remotely or through the node cache) to the engine's per-image path (images.py,
+decode_crop.py), which decodes what Pillow can and raises or skips as ``on_error`` says.
 The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does, or,
 for an exact crop (a translated Resize + CenterCrop), decodes the whole image as simplejpeg does and
 resizes as Pillow does (the _resample extension's code, compiled into both).
@@ -15,11 +16,14 @@ resizes as Pillow does (the _resample extension's code, compiled into both).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix
+from stoker.loader.batches import Batch, BatchMaker
 from stoker.loader.crops import RESAMPLE_FILTERS, BatchDraws, CropSpec
 from stoker.loader.decode_crop import PILLOW_PASSES
 from stoker.pixels import native_limit, pixel_limit
@@ -33,10 +37,28 @@ except ImportError:  # its absence is reported once by stoker.env (the region de
 _KINDS = {"random_resized": 0, "center": 1, "resize": 2}
 
 
-def decodes_natively(spec: CropSpec | None) -> bool:
-    """Whether ``decode_chunk`` makes this crop: any CropSpec (``exact`` included), not whole
-    images, where the extension is built."""
-    return decode_chunk is not None and spec is not None
+@dataclass(frozen=True)
+class NativeChunk:
+    """The batch engine's decode strategy where the extension is built and samples are cropped
+    images: one :func:`decode_samples` call for the positions a thread takes, then the samples it
+    did not make one at a time (:meth:`BatchMaker.place_each`)."""
+
+    dataset: ShardDataset | Mix
+    host = True
+
+    def place(self, maker: BatchMaker, batch: Batch, positions: np.ndarray, out: np.ndarray | None,
+              slots: np.ndarray) -> None:
+        assert maker.crop is not None and out is not None  # the plan: cropped images only
+        if len(positions):
+            draws = BatchDraws(batch.draws.tries[positions], batch.draws.flips[positions])
+            made, labels = decode_samples(self.dataset, maker.crop, self.dataset.restart_rows, batch.indices[positions],
+                                          draws, out, slots)
+            batch.labels.numpy()[positions[made]] = labels[made]
+            positions, slots = positions[~made], slots[~made]
+        maker.place_each(batch, positions, out, slots)
+
+    def images(self, maker: BatchMaker, batch: Batch) -> torch.Tensor:
+        return batch.images
 
 
 def decode_samples(dataset: ShardDataset | Mix, spec: CropSpec, restarts: bool, indices: np.ndarray, draws: BatchDraws,

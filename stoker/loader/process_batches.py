@@ -39,12 +39,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from stoker.errors import StokerError
-from stoker.loader.batches import BatchMaker, part_positions
+from stoker.loader.batches import BatchMaker, Made, part_positions
 from stoker.loader.buffers import BatchRing
 from stoker.loader.opencv_threads import one_opencv_thread_in_worker
-
-# What a pass yields: the batch's number, (images, labels), damaged samples skipped.
-Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,9 @@ import torch
 
 from stoker.data.epoch import EpochPlan
 from stoker.data.readahead import ReadsAhead
-from stoker.loader.batches import Batch, BatchMaker, split
+from stoker.loader.batches import Batch, BatchMaker, Made, split
 from stoker.loader.buffers import BatchRing
 from stoker.loader.workers import FirstBatches
-
-# What the batch-making generators yield: the batch's number, (images, labels), damaged samples skipped.
-Made = tuple[int, tuple[torch.Tensor, torch.Tensor], int]
 
 
 def made_in_threads(maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor, ahead: ReadsAhead, *,

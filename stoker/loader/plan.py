@@ -1,0 +1,190 @@
+"""The Loader's plan: every decision about its passes, made once, by one pure function.
+
+    (the data set's Description, the Options, the Machine) ──plan_loader──> LoaderPlan (frozen)
+        transform   the torchvision pipeline split (torchvision_plan.py): fused crop, batched ops, per-sample rest
+        decode      native: one decode_chunk call per chunk of samples; python: per image; gpu: nvJPEG
+        augment     none; native: _photometric per chunk of crops; opencv: per image in the threads;
+                    device: torch ops on the GPU the batches go to
+        workers     threads in this process, or worker processes of a few threads; measuring: threads
+                    for the first pass, which measures what to run the next ones with
+    first pass measured ──LoaderPlan.measured──> a new LoaderPlan (its workers chosen by workers.py)
+
+``explain()``, the batch engine (engine.py picks its strategies from the plan) and each pass read
+the plan; nothing changes it. Options that are wrong alone are refused before (loader.py, through
+stoker/ranges.py); the plan refuses what does not go together (OptionError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from stoker.augment.device import default_device
+from stoker.augment.native import supports
+from stoker.augment.pipeline import Augment
+from stoker.errors import OptionError
+from stoker.loader import native_chunk
+from stoker.loader.crops import CropSpec
+from stoker.loader.torchvision_plan import Step, TransformPlan, plan
+from stoker.loader.workers import WorkerChoice, available_cores, choose_workers
+
+DecodeRoute = Literal["native", "python", "gpu"]
+AugmentRoute = Literal["none", "native", "opencv", "device"]
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the plan needs of the data set: ``clips`` (a VideoClipDataset or a Mix of them; else
+    images), ``mix``, the clips' ``clip_layout`` (THWC or TCHW), and whether its bytes are
+    ``fetched_per_process`` (an object store without a node cache: see workers.py)."""
+
+    clips: bool = False
+    mix: bool = False
+    clip_layout: str | None = None
+    fetched_per_process: bool = False
+
+
+@dataclass(frozen=True)
+class Options:
+    """The Loader's options the plan decides from, each checked alone already."""
+
+    crop: CropSpec | None = None
+    transform: Callable | None = None
+    threads: int | None = None
+    processes: int | None = None
+    decode: Literal["cpu", "gpu"] = "cpu"
+    device: torch.device | None = None
+    layout: Literal["NCHW", "NHWC"] | None = None
+    on_error: Literal["raise", "skip"] = "raise"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan needs of the machine: its cores, whether the region-decode and photometric
+    extensions run here, and the GPU that ``decode="gpu"`` takes by default (None: not asked)."""
+
+    cores: int
+    region_decode: bool = True
+    photometric: bool = True
+    gpu: torch.device | None = None
+
+
+def machine(decode: str) -> Machine:
+    """This machine. Its GPU is asked for only with ``decode="gpu"``: asking initialises CUDA, and a
+    process forked after that cannot use it."""
+    # An Augment without ops is supported exactly where the photometric extension is built and fast.
+    photometric = supports(Augment(device="cpu", backend="opencv", threads=1))
+    return Machine(available_cores(), native_chunk.decode_chunk is not None, photometric,
+                   default_device() if decode == "gpu" else None)
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """Every decision about the Loader's passes (see the module's docstring); ``why_python``: why
+    samples are not decoded natively, where they are not."""
+
+    clips: bool
+    transform: TransformPlan
+    decode: DecodeRoute
+    why_python: str
+    augment: AugmentRoute
+    workers: WorkerChoice
+    measuring: bool
+    device: torch.device | None
+    layout: Literal["NCHW", "NHWC"]
+    cores: int
+    fetched_per_process: bool
+
+    @property
+    def crop(self) -> CropSpec | None:
+        """What every sample is cut to (None: whole images, for a per-sample transform)."""
+        return self.transform.crop
+
+    def measured(self, cores_used: float, waited: float) -> LoaderPlan:
+        """The plan for the passes after the first one measured ``cores_used`` and the share of the
+        time the loop ``waited`` (see :func:`choose_workers`)."""
+        workers = choose_workers(self.cores, self.workers.threads, cores_used, waited, self.fetched_per_process)
+        return replace(self, workers=workers, measuring=False)
+
+    def explain(self, head: str, next_pass: str) -> str:
+        """What runs where and why, after ``head`` and the ``next_pass`` line (stoker.Loader.explain)."""
+        processes, threads = self.workers.processes, self.workers.threads
+        where = {"none": "stoker.augment", "device": f"stoker.augment on {self.device}, whole batches",
+                 "native": "stoker.augment on the CPU, one native call per chunk of crops on each thread, the GIL "
+                           "released (stoker.augment._photometric), parameters drawn per batch",
+                 "opencv": "stoker.augment on the CPU, each image by the loader thread that decoded it "
+                           "(stoker.augment's OpenCV ops), parameters drawn per batch"}[self.augment]
+        if processes:
+            where += f", in {processes} worker processes of {threads} thread{'s' * (threads > 1)} each"
+        route = {"native": "one native call per chunk of samples on each thread, the GIL released (decode_chunk)",
+                 "python": f"per image from Python ({self.why_python})",
+                 "gpu": f"the threads read each sample's bytes, nvJPEG decodes and crops each batch on {self.device}"}
+        lines = [head, next_pass, f"  workers: {self.workers.describe()} ({self.workers.reason})",
+                 f"  read, decode, crop: {route[self.decode]}", self.transform.explain(where)]
+        if self.transform.per_sample and not processes:
+            lines.append("  note: random ops that run per sample draw from torch's and Python's global generators, "
+                         "as in a DataLoader: not fixed by seed with threads; processes=N seeds them per batch")
+        return "\n".join(lines)
+
+
+def plan_loader(data: Description, options: Options, here: Machine) -> LoaderPlan:
+    """The plan of a Loader over ``data`` with ``options`` on ``here``; OptionError for options
+    that do not go together."""
+    gpu = options.decode == "gpu"
+    if gpu and options.on_error == "skip":
+        raise OptionError("on_error='skip' needs decode='cpu': images are decoded on the GPU as a whole batch")
+    if gpu and data.mix:
+        raise OptionError("decode='gpu' reads one ShardDataset: a stoker.Mix is decoded on the CPU (decode='cpu')")
+    steps = _transform_plan(data.clips, options.transform, options.crop)
+    device = _gpu(data, steps, options, here) if gpu else options.device
+    measuring = options.processes is None and options.threads is None and not gpu
+    processes = options.processes or 0
+    workers = WorkerChoice(processes, options.threads or (1 if processes else here.cores + 1),
+                           "threads until the first batches are measured" if measuring else "as given")
+    why = "" if gpu else ("video clips: each clip's frames read and decoded from Python" if data.clips else
+                          "whole images: no crop to fuse" if steps.crop is None else
+                          "" if here.region_decode else "the region-decode extension is not built here (see stoker env)")
+    decode: DecodeRoute = "gpu" if gpu else "python" if why else "native"
+    return LoaderPlan(data.clips, steps, decode, why, _augment_route(steps, device, here), workers, measuring, device,
+                      options.layout or ("NHWC" if data.clip_layout == "THWC" else "NCHW"), here.cores,
+                      data.fetched_per_process)
+
+
+def _transform_plan(clips: bool, transform: Callable | None, crop: CropSpec | None) -> TransformPlan:
+    """What becomes of ``transform``: a torchvision pipeline over images is translated
+    (torchvision_plan.py); over video clips, any transform runs per clip as given."""
+    if not clips:
+        return plan(transform, crop)
+    if transform is None:
+        return TransformPlan(crop or CropSpec())
+    steps = (Step(repr(transform), "per sample", "video clips: run as given on each (T, 3, H, W) uint8 clip"),)
+    return TransformPlan(crop or CropSpec(), per_sample=(transform,), steps=steps)
+
+
+def _gpu(data: Description, steps: TransformPlan, options: Options, here: Machine) -> torch.device:
+    """The CUDA device that decodes with decode="gpu", or why there is none."""
+    if data.clips:
+        raise OptionError("decode='gpu' decodes images; video clips are decoded on the CPU")
+    if steps.per_sample or steps.crop is None or options.processes:
+        raise OptionError("decode='gpu' makes batches on the GPU: no per-sample transform or worker processes "
+                          "(augment the batch there with stoker.augment)")
+    device = options.device or here.gpu
+    if device is None or device.type != "cuda":
+        raise OptionError(f"decode='gpu' needs a CUDA device, got {device} (no GPU here? decode='cpu' decodes with "
+                          "threads)")
+    return device
+
+
+def _augment_route(steps: TransformPlan, device: torch.device | None, here: Machine) -> AugmentRoute:
+    """Where the batched ops run: on the GPU the batches go to (unless a per-sample rest follows
+    them), else in the loader's threads, natively where the photometric extension computes them all."""
+    if not steps.ops and steps.stage != "float":
+        return "none"
+    if not steps.per_sample and device is not None and device.type != "cpu":
+        return "device"
+    if here.photometric and supports(Augment(*steps.ops, device="cpu", backend="opencv", threads=1)):
+        return "native"
+    return "opencv"
