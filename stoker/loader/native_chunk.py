@@ -6,7 +6,8 @@ image, so a process's threads stopped adding speed after a few cores (issue 30's
 Here Python runs once per chunk: it describes the chunk's reads as arrays
 (:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and learns which samples were made;
 :class:`NativeChunk`, the batch engine's decode strategy for it, hands the rest (not JPEG, CMYK,
-damaged, read remotely or through the node cache) to the engine's per-image path (images.py,
+damaged, read by range from a URL, or of a shard not yet in the node cache: a node-cached copy
+that is there is read natively) to the engine's per-image path (images.py,
 decode_crop.py), which decodes what Pillow can and raises or skips as ``on_error`` says.
 The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does, or,
 for an exact crop (a translated Resize + CenterCrop), decodes the whole image as simplejpeg does and
