@@ -67,3 +67,26 @@ def test_an_image_folder_subclass_is_packed_from_its_files(photos, tmp_path):
     assert len(dataset) == len(source) and dataset.classes == source.classes
     assert {dataset.read_sample(i)["jpg"] for i in range(len(dataset))} == {Path(p).read_bytes() for p, _ in source.samples}
     assert sorted(dataset.targets.tolist()) == sorted(label for _, label in source.samples)
+
+
+def test_a_dataset_whose_items_are_not_its_files_is_packed_from_its_items(photos, tmp_path):
+    """A transform, a target_transform or a __getitem__ of its own makes the items differ from the
+    listed files: those are packed (what the Dataset gives), not the files."""
+    from torchvision.datasets import ImageFolder
+
+    class HalfLabels(ImageFolder):
+        def __getitem__(self, index):
+            image, label = super().__getitem__(index)
+            return image, label // 2
+
+    relabelled = ImageFolder(str(photos), target_transform=lambda label: 10 + label)
+    for source, labels in ((HalfLabels(str(photos)), {label // 2 for _, label in ImageFolder(str(photos)).samples}),
+                           (relabelled, {10 + label for _, label in relabelled.samples})):
+        dst = tmp_path / type(source).__name__
+        stoker.pack(source, dst, progress=False)
+        dataset = stoker.ShardDataset(dst)
+        assert set(dataset.targets.tolist()) == labels
+    small = ImageFolder(str(photos), transform=T.Resize(24))
+    stoker.pack(small, tmp_path / "small", progress=False)
+    image, _ = stoker.ShardDataset(tmp_path / "small")[0]
+    assert min(image.size) == 24

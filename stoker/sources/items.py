@@ -160,12 +160,17 @@ def list_dataset(dataset: Any, options: SourceOptions) -> Source:
 
 # The image loaders of torchvision's DatasetFolder that open a file as it is (converted to RGB)
 _FILE_LOADERS = ("default_loader", "pil_loader", "accimage_loader")
+# The __getitem__ of the Datasets whose items are their listed files as they are (module, class)
+_FILE_ITEMS = {("torchvision.datasets.folder", "DatasetFolder"), ("timm.data.dataset", "ImageDataset")}
 
 
 def listed_files(dataset: Any) -> tuple[list[str], list[int], list[str]] | None:
-    """(paths, labels, class names) of a Dataset that lists its image files and opens them as they
-    are: torchvision's DatasetFolder (``samples``, ``classes``, and its standard ``loader``) and
-    timm's ImageDataset (``reader.samples`` and ``reader.class_to_idx``); None for any other."""
+    """(paths, labels, class names) of a Dataset whose items are its listed image files as they are:
+    torchvision's DatasetFolder (``samples``, ``classes``, its standard ``loader``) and timm's
+    ImageDataset (``reader.samples``, ``reader.class_to_idx``), or a subclass of either that keeps
+    their ``__getitem__``, with no transform of any kind; None for any other (its items are read)."""
+    if not _items_are_files(dataset):
+        return None
     samples, classes = getattr(dataset, "samples", None), getattr(dataset, "classes", None)
     loader = getattr(dataset, "loader", None)
     if samples is None or (loader is not None and getattr(loader, "__name__", "") not in _FILE_LOADERS):
@@ -181,6 +186,15 @@ def listed_files(dataset: Any) -> tuple[list[str], list[int], list[str]] | None:
     except (TypeError, ValueError):
         return None
     return [str(path) for path, _ in samples], labels, list(classes) if classes else []
+
+
+def _items_are_files(dataset: Any) -> bool:
+    """Whether ``dataset``'s items are its files as they are: its ``__getitem__`` is one of
+    ``_FILE_ITEMS``' (not a subclass's own) and it has no transform, target_transform or transforms."""
+    if any(getattr(dataset, name, None) is not None for name in ("transform", "target_transform", "transforms")):
+        return False
+    owner = next((cls for cls in type(dataset).__mro__ if "__getitem__" in vars(cls)), None)
+    return owner is not None and (owner.__module__, owner.__qualname__) in _FILE_ITEMS
 
 
 def _file_source(kind: str, paths: list[str], labels: list[int], classes: list[str], options: SourceOptions) -> Source:
