@@ -346,6 +346,15 @@ def set_epoch_of(loader: Any, epoch: int) -> None:
             return
 
 
+def epoch_of(loader: Any) -> int | None:
+    """The epoch of ``loader`` (a stoker reader, or a torch DataLoader's epoch-aware sampler), None
+    where it has none."""
+    for part in (loader, *_samplers_of(loader)):
+        if isinstance(part, EpochAware) and isinstance(getattr(part, "epoch", None), int):
+            return part.epoch  # type: ignore[attr-defined]
+    return None
+
+
 def _sampler_of(loader: Any) -> Stateful | None:
     """The stateful sampler of a torch DataLoader (given as ``sampler=`` or inside a ``batch_sampler``)."""
     return next((sampler for sampler in _samplers_of(loader) if isinstance(sampler, Stateful)), None)

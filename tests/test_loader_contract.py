@@ -9,6 +9,7 @@ Loader, QuasiRandomSampler under a DataLoader, a Mix, video clips and stoker.ech
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import pytest
@@ -100,9 +101,6 @@ def test_a_mix_keeps_the_contract(numbered):
 
 def test_video_clips_keep_the_contract(packed_videos):
     mode, dst, _ = packed_videos
-    if mode != "frames":
-        pytest.skip("one pack is enough: the contract is the Loader's")
-
     def clip_loader() -> stoker.Loader:
         clips = stoker.VideoClipDataset(dst, clip_len=2)
         return stoker.Loader(clips, 2, crop=stoker.CropSpec("resize", size=(8, 8)), threads=1, seed=6)
@@ -123,6 +121,46 @@ def test_echo_restarts_a_pass_left_early_and_keeps_what_the_loop_was_served(numb
     assert served == [epoch[:BATCH], epoch[BATCH : 2 * BATCH]]
     assert echoed.state_dict()["loader"]["samples_done"] == 2 * BATCH
     assert passes(echoed) == [epoch]
+
+
+def test_echo_restarts_a_pass_its_upstream_read_to_the_end_ahead_of_the_loop(numbered):
+    """Three batches an epoch: the upstream thread reads the loader's whole pass while the loop has
+    one batch; the loop leaving then is still a pass left early."""
+    epochs = passes(stoker.Loader(stoker.ShardDataset(numbered), 16, crop=CROP, threads=1, seed=8), 2)
+    inner = stoker.Loader(stoker.ShardDataset(numbered), 16, crop=CROP, threads=1, seed=8)
+    echoed = stoker.echo(inner, factor=1, prefetch=4)
+    it = iter(echoed)
+    assert next(it)[1].tolist() == epochs[0][:16]
+    deadline = time.monotonic() + 120
+    while inner.epoch == 0 and time.monotonic() < deadline:  # the upstream reads the pass to its end
+        time.sleep(0.01)
+    assert inner.epoch == 1
+    del it
+    assert passes(echoed, 2) == epochs
+
+
+def test_set_epoch_while_a_pass_runs_names_the_next_pass(numbered):
+    """A pass that is running when set_epoch(k) is called moves the loader no more: the next pass is
+    epoch k from its start, and a state taken in between says so."""
+    reference = loader(numbered, seed=9)
+    epochs = passes(reference, 3)
+    for reader in (loader(numbered, seed=9), stoker.QuasiRandomSampler(stoker.ShardDataset(numbered), seed=9,
+                                                                      batch_size=BATCH)):
+        it = iter(reader)
+        for _ in range(4):
+            next(it)
+        reader.set_epoch(1)
+        if isinstance(reader, stoker.Loader):
+            assert (reader.state_dict()["epoch"], reader.state_dict()["samples_done"]) == (1, 0)
+        for _ in it:  # the running pass goes on to its end
+            pass
+        assert reader.epoch == 1
+    named = loader(numbered, seed=9)
+    it = iter(named)
+    next(it)
+    named.set_epoch(1)
+    list(it)
+    assert passes(named) == [epochs[1]]
 
 
 # ---- seeds and epochs (39.2) ----

@@ -104,6 +104,7 @@ class Passes:
         self._seed_given = seed is not None
         self._identity = identity_of(dataset)  # what a state names the data by (computed once)
         self._begun = 0  # passes begun (iter() calls)
+        self._running = 0  # the number of the latest pass whose first batch was asked for
         self._started: EpochPlan | None = None  # the plan of the pass last started
 
     def __len__(self) -> int:
@@ -143,6 +144,7 @@ class Passes:
         is the latest pass, a later ``iter()`` starts afresh)."""
         if self.latest(number):
             self.cursor.started()
+            self._running = number
         self._started = self.plan(self.cursor.epoch, self.cursor.position, self.cursor.consumed)
         return self._started
 
@@ -166,8 +168,17 @@ class Passes:
         return plan.consumed(batches)
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass reads ``epoch`` (checked: OptionError out of range)."""
+        """The next pass reads ``epoch`` (checked: OptionError out of range). A pass already running
+        no longer moves the cursor: what it reads of its own epoch is not the named one's."""
         self.cursor.set_epoch(EPOCH.check(epoch))
+        self._leave_running_pass()
+
+    def _leave_running_pass(self) -> None:
+        """The latest pass, if its first batch was asked for, moves the cursor no more (set_epoch or a
+        state loaded while it runs name where the next pass starts). Lightning's ``iter()``, then
+        ``set_epoch``, then the first batch keeps that pass: it has not started."""
+        if self._running == self._begun:
+            self._begun += 1
 
     def record(self, samples_done: int, consumed: tuple[int, ...] | None, epoch: int | None = None) -> Position:
         """The state of this reader after ``samples_done`` samples of ``epoch`` (default: the cursor's)."""
@@ -189,6 +200,7 @@ class Passes:
         if saved.seed != self.seed:
             self.seed, self.seed_from = saved.seed, "taken from the loaded state"
         self.cursor.load(saved.epoch, saved.samples_done, saved.consumed)
+        self._leave_running_pass()
         return saved, mode
 
     def describe_next(self) -> str:

@@ -25,7 +25,19 @@ from typing import Any, Literal
 import numpy as np
 
 from stoker.echo.examples import ExampleBuffer, batch_size, examples_in, flatten
-from stoker.state import COUNT, SECONDS, StateError, Stateful, checked, load_state_of, read_state, record, set_epoch_of, state_of
+from stoker.state import (
+    COUNT,
+    SECONDS,
+    StateError,
+    Stateful,
+    checked,
+    epoch_of,
+    load_state_of,
+    read_state,
+    record,
+    set_epoch_of,
+    state_of,
+)
 
 _END = object()
 
@@ -185,6 +197,10 @@ class Echo:
             upstream.stop()
             if not finished:
                 upstream.join()  # it lets go of the loader's pass before another can start
+                if upstream.pass_epoch is not None:
+                    # It may have read the pass to its end ahead of the loop, which then counts as whole:
+                    # the loop was not served all of it, so the next pass reads that epoch again.
+                    set_epoch_of(self.loader, upstream.pass_epoch)
 
     def _echo(self, memory: _Memory) -> Any | None:
         """An echoed batch, when the limits allow one."""
@@ -258,6 +274,7 @@ class _Upstream:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stopped = threading.Event()
         self._stateful = stateful
+        self.pass_epoch: int | None = None  # the epoch of the loader's pass, read once it has begun
         self._thread = threading.Thread(target=self._pull, args=(batches, loader), name="stoker-echo-upstream",
                                         daemon=True)
         self._thread.start()
@@ -289,6 +306,8 @@ class _Upstream:
     def _pull(self, batches: Iterator[Any], loader: Iterable[Any]) -> None:
         try:
             for batch in batches:
+                if self.pass_epoch is None:
+                    self.pass_epoch = epoch_of(loader)  # the pass's, until its end moves it (not before the next batch)
                 state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
                 if not self._put(("batch", (batch, state))):
                     return
