@@ -97,3 +97,24 @@ def test_the_gpu_decode_strategy_gives_the_cpu_path_s_batches_on_any_device(pack
     assert device.shape == cpu.shape == (16, 48, 48, 3) and device.dtype == torch.uint8
     assert torch.equal(device_labels, cpu_labels)
     assert (device.float() - cpu.float()).abs().mean() < 8  # the same boxes and flips; decoders differ a little
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("crop", [CropSpec("center", size=(48, 96), flip=False),
+                                  CropSpec("center", size=(40, 40), exact=True, interpolation="bicubic", flip=False)])
+def test_an_exact_or_padded_center_crop_is_the_cpu_paths_own(packed, crop):
+    """A crop CenterCrop pads (wider than the resized image) and an exact crop (Pillow's filters) come
+    out as the CPU path makes them, zeros included, not stretched or resampled bilinearly."""
+    pytest.importorskip("torchvision.io")
+    from stoker.data.epoch import RankBatches
+    from stoker.loader.batches import BatchMaker, PerImage
+    from stoker.loader.gpu_decode import GpuDecode
+    from stoker.loader.images import Images
+
+    dataset = stoker.ShardDataset(packed)
+    batches, indices = RankBatches(0, len(dataset), 1, 0, 8), np.arange(8)
+    on_cpu = BatchMaker(Images(dataset), PerImage(), crop, 3, batches)
+    on_device = BatchMaker(Images(dataset), GpuDecode(dataset, torch.device("cpu")), crop, 3, batches)
+    cpu, _ = on_cpu.finish(on_cpu.make(0, 0, indices))
+    device, _ = on_device.finish(on_device.make(0, 0, indices))
+    assert torch.equal(device, cpu)

@@ -7,7 +7,8 @@ Everything else (progressive or lossless JPEGs, CMYK/YCCK, PNG, WebP ...) is fou
 markers before decoding and decoded on the CPU, then sent over; a warning says how many. So is
 an image above the pixel budget (stoker/pixels.py), which the CPU decode refuses as every decoder
 does, before nvJPEG allocates for it. The crops are the CPU path's: the same draws give the same
-boxes and flips.
+boxes and flips; an exact crop (a translated Resize + CenterCrop: Pillow's filters) and a center
+crop CenterCrop pads are made by the CPU path itself and sent over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from PIL import Image
 
 from stoker.data.dataset import ShardDataset
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.crops import BatchDraws, CropSpec, crop_box
+from stoker.loader.crops import BatchDraws, CropSpec, crop_box, pads
+from stoker.loader.decode_crop import decode_into
 from stoker.pixels import pixel_limit, too_many_pixels
 
 log = logging.getLogger(__name__)
@@ -98,10 +100,18 @@ class GpuDecode:
         """Decode the batch on the GPU and crop every image into (B, H, W, 3) uint8 there."""
         indices = [int(i) for i in batch.indices]
         assert batch.held is not None and maker.crop is not None, "the plan gives decode='gpu' a crop"
-        images = decode_on_gpu(batch.held, self.device, lambda j, e: self.dataset.decode_error(indices[j], e),
-                               lambda j: self.dataset.key(indices[j]))
-        out = torch.empty((len(images), *maker.crop.size, 3), dtype=torch.uint8, device=self.device)
-        crop_into_batch(images, maker.crop, batch.draws, out)
+        spec, error = maker.crop, lambda j, e: self.dataset.decode_error(indices[j], e)
+        images = decode_on_gpu(batch.held, self.device, error, lambda j: self.dataset.key(indices[j]))
+        out = torch.empty((len(images), *spec.size, 3), dtype=torch.uint8, device=self.device)
+        crop_into_batch(images, spec, batch.draws, out)
+        # An exact crop (Pillow's filters) and one CenterCrop pads are the CPU path's own: made there, sent over
+        for j in [j for j, image in enumerate(images) if spec.exact or pads(spec, *image.shape[1:])]:
+            pixels = np.empty((*spec.size, 3), np.uint8)
+            try:
+                decode_into(memoryview(batch.held[j].numpy()), spec, batch.draws.tries[j], bool(batch.draws.flips[j]), pixels)
+            except Exception as e:  # decoders raise many types for bad data
+                raise error(j, e) from None
+            out[j] = torch.from_numpy(pixels).to(self.device)
         return out
 
 
