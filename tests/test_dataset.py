@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, DistributedSampler
 
 import stoker
-from stoker.errors import CorruptDataError
+from stoker.errors import CorruptDataError, OptionError
 from stoker.format import read_manifest
 from tests.conftest import PHOTOS, source_files
 
@@ -74,8 +74,10 @@ def test_decode_modes_and_imagefolder_compatibility(packed):
     assert dataset[-1][1] == dataset[len(dataset) - 1][1]
     with pytest.raises(IndexError):
         dataset[len(dataset)]
-    with pytest.raises(ValueError, match="decode must be one of"):
+    with pytest.raises(OptionError, match="decode='jpeg': must be one of 'pil', 'rgb', 'tensor' or 'raw'"):
         stoker.ShardDataset(packed, decode="jpeg")
+    with pytest.raises(OptionError, match="on_error='ignore': must be one of 'raise' or 'skip'"):
+        stoker.ShardDataset(packed, on_error="ignore")
     assert dataset.index_of(dataset.key(17)) == 17
     with pytest.raises(KeyError):
         dataset.index_of("no/such/key")

@@ -11,12 +11,13 @@ from typing import Any, Literal
 import numpy as np
 import torch.utils.data
 
-from stoker.data.decode import DECODE_MODES, DecodeMode, decode_image
+from stoker.data.decode import DecodeMode, decode_image
 from stoker.data.readers import ReadBuffer
 from stoker.data.shards import DEFAULT_BLOCK_BYTES, DEFAULT_MAX_OPEN_SHARDS, ShardSet
 from stoker.data.skips import Skips
 from stoker.errors import CorruptDataError, OptionError, StokerError
 from stoker.format.manifest import complete_classes
+from stoker.ranges import DATASET_DECODE, DATASET_ON_ERROR
 from stoker.sources.kinds import described
 from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
 from stoker.storage.settings import StorageSettings
@@ -98,10 +99,8 @@ class ShardDataset(torch.utils.data.Dataset):
                               "to read a folder of images, a Dataset or a table, pack it first: "
                               "stoker.loader_for(source, transform, batch_size) packs it once and reads it, "
                               "stoker.pack(source, dst) writes the data set ShardDataset reads")
-        if decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        DATASET_DECODE.check(decode)
+        DATASET_ON_ERROR.check(on_error)
         self.root = os.fspath(path)
         self.decode = decode
         self.transform = transform

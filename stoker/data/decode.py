@@ -9,8 +9,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from stoker.ranges import DATASET_DECODE
+
 DecodeMode = Literal["pil", "rgb", "tensor", "raw"]
-DECODE_MODES: tuple[str, ...] = ("pil", "rgb", "tensor", "raw")
+DECODE_MODES: tuple[str, ...] = DATASET_DECODE.values
 
 
 def decode_image(data: bytes | memoryview, mode: DecodeMode) -> Image.Image | np.ndarray | torch.Tensor | bytes:

@@ -119,7 +119,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
         if over >= 0:
             return self._passes.record(batches.end, self._passes.consumed(len(batches))).to_dict()
         if samples_done % self.batch_size:
-            raise ValueError(f"samples_done={samples_done} is not a multiple of the sampler's batch_size="
+            raise OptionError(f"samples_done={samples_done} is not a multiple of the sampler's batch_size="
                              f"{self.batch_size}: only whole chunks of every rank are a prefix of the epoch's order "
                              "(give the sampler the DataLoader's batch_size, or 1)")
         made = samples_done // self.batch_size

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from stoker.errors import OptionError
 from stoker.loader.batched_ops import BatchedOps, Stage
 from stoker.loader.crops import RESAMPLE_FILTERS, CropSpec, Interpolation
 from stoker.loader.transform_kinds import describe, flatten, interpolations, kind_name, kind_of, pair, two
@@ -125,7 +126,7 @@ def plan_transform(transform: Any, crop: CropSpec | None) -> TransformPlan:
     transforms = flatten(transform)
     lead, fused_crop, steps = _leading_geometry(transforms)
     if fused_crop is not None and crop is not None:
-        raise ValueError(f"the crop is given twice: as Loader(crop={crop}) and as {describe(transforms[0])} in the "
+        raise OptionError(f"the crop is given twice: as Loader(crop={crop}) and as {describe(transforms[0])} in the "
                          "transform; give one of them")
     crop = crop or fused_crop
     if crop is None:
@@ -150,7 +151,7 @@ def plan_transform(transform: Any, crop: CropSpec | None) -> TransformPlan:
         stage: Stage = "uint8" if middle.stage == "pil" else middle.stage
         return TransformPlan(crop, tuple(middle.ops), stage, middle.dtype, rest, given, tuple(steps), tuple(middle.notes))
     if middle.stage == "pil":
-        raise ValueError("the transform ends with PIL images, which a DataLoader cannot batch either: end it with "
+        raise OptionError("the transform ends with PIL images, which a DataLoader cannot batch either: end it with "
                          "PILToTensor() (uint8) or ToTensor() (float in [0, 1])")
     return TransformPlan(crop, tuple(middle.ops), middle.stage, middle.dtype, (), "tensor", tuple(steps),
                          tuple(middle.notes))
