@@ -8,10 +8,12 @@ QuasiRandomSampler): which epoch, and where in it, each new pass starts.
     a pass left early      the next pass starts the same epoch again (a peek with next(iter(...)),
                            Lightning's sanity check of two batches: nothing of the epoch is lost)
     set_epoch(k)           the next pass is epoch k from its start; a state loaded for epoch k is
-                           kept (a resumed loop names the epoch it resumes)
+                           kept (a resumed loop names the epoch it resumes); a pass running when it
+                           is called goes on, but moves the reader no more
     load_state_dict(s)     the next pass resumes where ``s`` says; at its epoch's end, the next
                            pass is the next epoch's, or empty when set_epoch names the state's epoch
-                           (the resumed loop's epoch ended there)
+                           before ``iter()`` (the resumed loop's epoch ended there; named after
+                           ``iter()``, as Lightning names the next one, it is read whole)
 
 torchdata's StatefulDataLoader keeps the same contract. A pass begins when its first batch is
 asked for, not at ``iter()``: Lightning calls ``iter()``, then ``set_epoch``, then asks.
