@@ -118,5 +118,5 @@ def test_loader_for_takes_a_dataframe_with_its_label_column(photos, tmp_path, mo
 
 def test_a_batch_size_given_where_loader_for_takes_the_transform_is_refused(packed):
     """DataLoader(dataset, 8) is a batch size; loader_for's second argument is the transform: say so."""
-    with pytest.raises(OptionError, match=r"transform=8 is not callable .*pass batch_size=8"):
+    with pytest.raises(OptionError, match=r"transform=8: must be callable .*pass batch_size=8"):
         stoker.loader_for(packed, 8)

@@ -18,6 +18,7 @@ from stoker.data.readable import fetches_per_process
 from stoker.errors import OptionError
 from stoker.loader.crops import CropSpec
 from stoker.loader.plan import Description
+from stoker.sources.kinds import described
 
 
 def describe(dataset: Any) -> Description:
@@ -38,8 +39,6 @@ def describe(dataset: Any) -> Description:
 
 def _refusal(dataset: Any) -> str:
     """One line: what the Loader was given, what it reads, and where the rest goes."""
-    kind = type(dataset)
-    given = f"a {kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else f"a {kind.__name__}"
     if isinstance(dataset, (str, os.PathLike)):
         how = (f"stoker.Loader(stoker.ShardDataset({os.fspath(dataset)!r}), ...) reads a packed data set there, "
                f"stoker.loader_for({os.fspath(dataset)!r}, transform, batch_size) a folder of images too")
@@ -47,7 +46,7 @@ def _refusal(dataset: Any) -> str:
         source = "its .dataset" if isinstance(dataset, torch.utils.data.DataLoader) else "it"
         how = f"stoker.loader_for({source}, transform, batch_size) takes what else it can, packed once"
     return (f"stoker.Loader reads a stoker.ShardDataset, a stoker.Mix or a stoker.VideoClipDataset, "
-            f"got {given}: {how}")
+            f"got {described(dataset)}: {how}")
 
 
 def device_of(device: torch.device | str | None) -> torch.device | None:
@@ -75,8 +74,10 @@ def check_crop(crop: Any) -> CropSpec | None:
 
 
 def check_transform(transform: Any) -> Any:
-    """``transform`` when it is callable or None; else OptionError."""
+    """``transform`` when it is callable or None; else OptionError (an int there was meant as a batch
+    size: stoker.loader_for takes the transform second)."""
     if transform is not None and not callable(transform):
+        hint = f"; for a batch size, pass batch_size={transform!r}" if isinstance(transform, int) else ""
         raise OptionError(f"transform={transform!r}: must be callable (a torchvision pipeline or a function of "
-                          "one sample) or None")
+                          f"one sample) or None{hint}")
     return transform

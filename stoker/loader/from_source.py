@@ -25,6 +25,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix
 from stoker.errors import OptionError
 from stoker.format.layout import MANIFEST_NAME
+from stoker.loader.arguments import check_transform
 from stoker.loader.loader import Loader
 from stoker.sources.columns import SourceOptions
 from stoker.sources.kinds import PACK_TAKES, not_a_source, refusal, table_kind
@@ -49,10 +50,7 @@ def loader_for(source: str | os.PathLike | Any, transform: Any = None, batch_siz
     ImageDataset, an ImageFolder's) is taken off before packing and run by the Loader, unless one
     is given here. ``loader_options`` go to the Loader (``device``, ``threads``, ``seed``, ...).
     Anything else is refused (OptionError) in one line naming what is taken."""
-    if transform is not None and not callable(transform):
-        hint = f"; for a batch size, pass batch_size={transform!r}" if isinstance(transform, int) else ""
-        raise OptionError(f"loader_for(source, transform, batch_size): transform={transform!r} is not callable (a "
-                          f"torchvision pipeline or any callable){hint}")
+    check_transform(transform)  # before anything is packed
     described = SourceOptions(image_column, label_column, unlabelled, split).given()
     if overlap := set(described) & set(pack_options or {}):
         raise OptionError(f"pack_options holds {', '.join(sorted(overlap))}: give them to loader_for itself")
