@@ -69,7 +69,9 @@ class Loader(PassesReader):
     NHWC, copied to ``device`` when given. ``order``: ``quasi_random`` (default; blocks of a shard
     read whole), ``random`` or ``sequential``. The same ``seed`` and epoch give the same order and
     crops whatever the threads and processes; without ``seed`` it is drawn from torch's global
-    generator, as a RandomSampler draws its own (under DDP, rank 0's draw is sent to every rank).
+    generator, as a RandomSampler draws its own (under DDP, rank 0's draw is sent to every rank:
+    making the Loader is then a collective call, so make it on every rank, in the same order as the
+    other stoker readers, or give ``seed=``; a Loader made on rank 0 alone waits for the others).
 
     Passes keep a DataLoader's contract (stoker/data/passes.py): every ``iter()`` is a whole pass
     over the current epoch from its start, unless :meth:`load_state_dict` loaded a state since the
