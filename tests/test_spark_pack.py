@@ -4,7 +4,9 @@ and compared with `stoker pack` of the same rows, as an image folder and as a CS
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,9 +19,26 @@ from stoker.format.verify import verify_dataset
 from tests.same_samples import assert_same_samples
 from tests.test_sources import write_hf_parquet
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:
-    pytest.skip("needs a Java runtime for Spark (.ci/run installs one)", allow_module_level=True)
+
+def java_major() -> int | None:
+    """The major version of the ``java`` on the PATH (8 for "1.8.0_402"), 0 where it names none,
+    None where there is no ``java``."""
+    if shutil.which("java") is None:
+        return None
+    said = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', said)
+    if found is None:
+        return 0
+    return int(found[2] or 0) if found[1] == "1" else int(found[1])
+
+
+pyspark = pytest.importorskip("pyspark")
+JAVA = java_major()
+NEEDED = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
+if JAVA is None or JAVA < NEEDED:
+    pytest.skip(f"Spark {pyspark.__version__} needs Java {NEEDED} or later, "
+                + ("no java found" if JAVA is None else f"`java -version` says {JAVA}")
+                + " (.ci/run installs openjdk-17-jre-headless)", allow_module_level=True)
 
 PARTITIONS = 4
 
