@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,9 @@ import stoker
 from stoker.errors import OptionError, PackError
 from stoker.format import MANIFEST_NAME, REJECTED_NAME, read_manifest
 from stoker.format.verify import verify_dataset
+from stoker.pack import destination
+from stoker.pack.destination import pack_lock
+from stoker.storage.locks import exclusive
 from tests.same_samples import assert_same_samples
 from tests.test_sources import write_hf_parquet
 
@@ -134,6 +139,43 @@ def test_a_rerun_after_a_failure_replaces_what_the_failed_run_left(spark, photos
     assert verify_dataset(dst) == []
     with pytest.raises(PackError, match="holds a finished stoker data set; write into a new folder"):
         stoker.pack_spark(frame(spark, rows, "image binary, label string, key string", 2), dst, key_column="key")
+
+
+def waiting_for_a_lock(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside stoker's lock wait (storage/locks.py ``exclusive``) right now."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code is not exclusive.__wrapped__.__code__:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_a_write_that_waited_for_another_is_refused_where_that_one_finished(spark, photos, packed, tmp_path,
+                                                                           monkeypatch):
+    """Two writes into one folder: the second waits for the first's lock, then finds the data set
+    the first finished there and is refused, instead of writing its shards over it."""
+    monkeypatch.setattr(destination, "LOCK_WAIT_SECONDS", 600.0)  # however slow the machine
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    df = frame(spark, photo_rows(photos)[:8], "image binary, label string, key string", 2)
+    outcome: list[BaseException | None] = []
+
+    def second_write() -> None:
+        try:
+            stoker.pack_spark(df, dst, key_column="key")
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 -- handed to the test
+            outcome.append(e)
+
+    second = threading.Thread(target=second_write, daemon=True)
+    with pack_lock(dst):  # the first write, writing
+        second.start()
+        while second.is_alive() and not waiting_for_a_lock(second):
+            time.sleep(0.02)
+        shutil.copytree(packed, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".stoker-pack*"))  # it finishes
+    second.join(300)
+    assert outcome and isinstance(outcome[0], PackError), outcome
+    assert "holds a finished stoker data set" in str(outcome[0])
+    assert verify_dataset(dst) == [] and read_manifest(dst) == read_manifest(packed)
 
 
 def test_options_that_do_not_fit_the_rows_are_refused_before_anything_runs(spark, photos, tmp_path):
