@@ -5,16 +5,17 @@ stoker/pack/ray_engine.py).
     python tests/ray_data_driver.py STEPS.json RESULTS.pickle
 
 Each step writes the photos of a folder as rows through stoker.ShardDatasink (with ``locked``, into
-a folder this process holds the pack lock of), or reads a data set
-through stoker.ShardDatasource. RESULTS maps each step's name to what it gave: the sink's
-PackResult, the rows read and the number of blocks they came in, or the StokerError raised as
-(class name, message).
+a folder this process holds the pack lock of), or reads a data set through stoker.ShardDatasource
+(made, with ``cwd``, in that working directory). RESULTS maps each step's name to what it gave: the
+sink's PackResult, the rows read and the number of blocks they came in, or the StokerError raised
+as (class name, message).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import sys
 from collections.abc import Iterator
@@ -52,8 +53,13 @@ def locked(dst: Path) -> Iterator[None]:
 
 
 def read(step: dict[str, Any]) -> dict[str, Any]:
-    dataset = ray.data.read_datasource(stoker.ShardDatasource(step["path"], **step["options"]),
-                                       override_num_blocks=step["blocks"]).materialize()
+    here = os.getcwd()
+    os.chdir(step.get("cwd", here))  # Ray's workers stay where ray.init() started them
+    try:
+        source = stoker.ShardDatasource(step["path"], **step["options"])
+    finally:
+        os.chdir(here)
+    dataset = ray.data.read_datasource(source, override_num_blocks=step["blocks"]).materialize()
     return {"rows": dataset.take_all(), "blocks": dataset.num_blocks()}
 
 

@@ -25,6 +25,7 @@ if importlib.util.find_spec("ray") is None:  # not importorskip: this process ne
 ROOT = Path(__file__).parent.parent
 DRIVER = Path(__file__).with_name("ray_data_driver.py")
 BLOCKS = 4
+CACHE_LIMIT = 2_000_000  # about three of `packed`'s shards
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,12 @@ def ray_results(photos, packed, numbered, s3, remote, tmp_path_factory) -> dict:
         {"name": "source_url", "kind": "read", "path": remote, "blocks": 2,
          "options": {"decode": "raw", "storage_options": s3.options}},
         {"name": "source_pil", "kind": "read", "path": str(packed), "blocks": 2, "options": {"decode": "pil"}},
+        # relative to the driver's working directory, which is not the read tasks'; the storage settings passed on
+        {"name": "source_relative", "kind": "read", "path": os.path.relpath(packed, root), "cwd": str(root),
+         "blocks": 2, "options": {"decode": "raw", "cache_dir": "node-cache", "cache_limit": CACHE_LIMIT,
+                                  "read_timeout": 30.0, "reads_in_flight": 2}},
+        {"name": "source_bad_setting", "kind": "read", "path": str(packed), "blocks": 2,
+         "options": {"reads_in_flight": 0}},
     ]
     (root / "steps.json").write_text(json.dumps(steps))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
@@ -136,3 +143,13 @@ def test_datasource_reads_an_object_store(ray_results, packed):
 def test_datasource_refuses_other_decodes(ray_results):
     assert ray_results["source_pil"] == (
         "OptionError", "decode='pil': must be 'rgb' (decoded HWC uint8 arrays) or 'raw' (the stored bytes)")
+
+
+def test_datasource_reads_a_relative_path_with_the_storage_settings_given(ray_results, packed):
+    dataset = stoker.ShardDataset(packed, decode="raw")
+    assert [(row["image"], row["label"], row["key"]) for row in ray_results["source_relative"]["rows"]] == [
+        (*dataset[i], dataset.key(i)) for i in range(len(dataset))]
+    copies = list((ray_results["root"] / "node-cache").rglob("shard-*.tar"))  # the driver's folder, not the tasks'
+    assert copies and sum(copy.stat().st_size for copy in copies) <= CACHE_LIMIT
+    kind, message = ray_results["source_bad_setting"]
+    assert kind == "OptionError" and message.startswith("reads_in_flight=0")
