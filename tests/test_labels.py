@@ -106,6 +106,18 @@ def test_a_data_set_packed_without_class_names_reads_them_numbered(packed, tmp_p
     assert stoker.ShardDataset(copy).classes == ["0", "1", "2", "3"]
 
 
+def test_class_names_shorter_than_the_labels_are_completed_with_numbers(packed, tmp_path):
+    import shutil
+
+    copy = Path(shutil.copytree(packed, tmp_path / "short"))
+    manifest = read_manifest(copy)
+    manifest.classes = manifest.classes[:2]  # labels 2 and 3 have no name (written by hand, or another tool)
+    write_manifest(copy, manifest)
+    dataset = stoker.ShardDataset(copy)
+    assert int(dataset.targets.max()) == 3
+    assert dataset.classes == [*manifest.classes, "2", "3"]
+
+
 def test_a_csv_with_a_header_row_names_its_columns(some, tmp_path, capsys):
     rows = ["split,file,target"] + [f"train,{p},{p.parent.name}" for p in some]
     (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
