@@ -1,7 +1,7 @@
 """What the driver of a Spark or Ray Data write does around its workers' shards: the destination
 checked, made and locked before any row is written (the lock held until the manifest is written);
 at the end the records in shard order, leftovers of earlier runs removed, then `stoker pack`'s own
-last step (stoker/pack/packer.py: the rejected-input report, the manifest last), uploaded last for
+last step (stoker/pack/finish.py: the rejected-input report, the manifest last), uploaded last for
 a URL.
 
 A rerun after a failure writes every shard again, each under a temporary name renamed into place
@@ -24,8 +24,8 @@ from stoker.errors import PackError, StokerError
 from stoker.format import MANIFEST_NAME
 from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
+from stoker.pack.finish import PackResult, finish
 from stoker.pack.options import ImageOptions
-from stoker.pack.packer import PackResult, finish
 from stoker.pack.shard_job import ShardRecord
 from stoker.sources import Source
 from stoker.storage.publish import Upload, publish

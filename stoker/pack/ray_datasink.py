@@ -28,7 +28,7 @@ except ModuleNotFoundError as e:
 from stoker.errors import StokerError
 from stoker.format import shard_name
 from stoker.pack.engine_writes import EngineWrite
-from stoker.pack.packer import PackResult
+from stoker.pack.finish import PackResult
 from stoker.pack.rows import RowLayout, RowShards, row_image_options
 from stoker.pack.shard_job import ShardRecord
 from stoker.ranges import ROWS_PER_SHARD

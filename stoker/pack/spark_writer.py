@@ -25,7 +25,7 @@ except ModuleNotFoundError as e:
 
 from stoker.errors import OptionError, StokerError
 from stoker.pack.engine_writes import EngineWrite
-from stoker.pack.packer import PackResult
+from stoker.pack.finish import PackResult
 from stoker.pack.rows import RowLayout, RowShards, row_image_options
 from stoker.pack.shard_job import ShardRecord
 from stoker.sources.listing import parse_labels
