@@ -120,16 +120,20 @@ class RemoteData:
         first, one HEAD), retried on transient errors; a RemoteError names the URL when it fails
         for good. Read as :meth:`read_range` reads: the bytes kept as they arrive, each moving the
         deadline (a slow transfer that keeps moving is never cut), a retry resuming from the last
-        good byte; an answer that ends early (the object replaced meanwhile) is read again whole."""
+        good byte; an answer that ends early (the object replaced meanwhile) is read again whole.
+        A server that does not say the size (HTTP without Content-Length) is read in one call."""
         got = bytearray()
         fs, path, first = self._filesystem(), f"{self._root}/{name}", start or 0
-        size: list[int] = []  # the object's, once asked
+        size: list[int | None] = []  # the object's, once asked
 
         def rest(deadline: Deadline) -> None:
             if end is None and not size:
-                size.append(int(call_within(fs, "info", deadline, path)["size"]))
+                size.append(call_within(fs, "info", deadline, path).get("size"))
             last = end if end is not None else size[0]
-            read_into(fs, path, first, last, got, deadline, self.read_timeout)
+            if last is None:
+                got[:] = call_within(fs, "cat_file", deadline, path, start=start)
+                return
+            read_into(fs, path, first, int(last), got, deadline, self.read_timeout)
             if first + len(got) < last:
                 ended = first + len(got)
                 del got[:], size[:]
