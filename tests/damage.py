@@ -30,10 +30,23 @@ def edit_index(path: Path, edit) -> None:
     path.write_bytes(bytes(data))
 
 
+def insert_gap(shard: bytes, index: bytearray, sample: int, gap: bytes) -> bytes:
+    """``shard`` with ``gap`` inserted where sample ``sample`` starts, and ``index`` edited to match
+    (the later rows and members moved by its length, the header's shard size grown), as a tool that
+    splices bytes into a tar and fixes the index after it would leave them."""
+    rows, members, _ = index_sections(index)
+    at = int(rows[sample]["start"])
+    rows["start"][sample:] += len(gap)
+    members["offset"][int(rows[sample]["first_member"]) :] += len(gap)
+    np.frombuffer(index, np.uint8)[: HEADER_DTYPE.itemsize].view(HEADER_DTYPE)["shard_bytes"] += len(gap)
+    return shard[:at] + gap + shard[at:]
+
+
 def reseal(root: Path) -> None:
-    """Recompute the manifest's checksums over the files as they are now, as a tool that
+    """Recompute the manifest's sizes and checksums over the files as they are now, as a tool that
     "repairs" checksums would: only the files themselves can tell the damage then."""
     manifest = read_manifest(root, check=False)
-    manifest.shards = [replace(s, checksum=file_checksum(root / s.name), index_checksum=file_checksum(root / s.index),
-                               index_bytes=(root / s.index).stat().st_size) for s in manifest.shards]
+    manifest.shards = [replace(s, bytes=(root / s.name).stat().st_size, checksum=file_checksum(root / s.name),
+                               index_checksum=file_checksum(root / s.index), index_bytes=(root / s.index).stat().st_size)
+                       for s in manifest.shards]
     write_manifest(root, manifest)

@@ -1,27 +1,30 @@
 """Mutation fuzzing of the index reader: real index files damaged, read by every reader.
 
-    python tests/fuzz_index.py [--seconds 60] [--seed 0] [--require-build DIR] [--case N]
+    python tests/fuzz_index.py [--seconds 60 | --cases N] [--seed 0] [--require-build DIR] [--case N]
 
 ``make sanitize`` runs it beside tests/stress_extensions.py, against the copy of the package whose
 C extensions are built with AddressSanitizer and UndefinedBehaviorSanitizer (the Loader's native
 path, decode_chunk, reads members at the offsets an index gives). Not a pytest file: it runs for
 minutes, and a hang or a sanitizer report ends the process. The fast, deterministic checks of the
-same code are tests/test_format.py, test_hostile_index.py and test_verify_members.py.
+same code are tests/test_format.py, test_hostile_index.py and test_verify_members.py; the suite
+runs a few cases of this script too (test_hostile_index.py's smoke run).
 
 It packs a few sample photos into small shards, then, case after case, damages one index file
 (bits flipped, the file cut short or grown, a run of bytes overwritten, a header, sample or
 member field set to an extreme or a neighbour's value, two rows swapped, key bytes set to NUL or
-to bytes that are not UTF-8, several of these at once) and reads the data set with it: with
-``verify=False``, and with the manifest's checksums recomputed over the damaged index, so that the
-damage reaches the row checks instead of stopping at the index's checksum. Each case goes through
-ShardIndex (every key, member range, field lookup, span), ShardDataset (every sample of the shard
-and its key), one epoch of stoker.Loader in its native path, and ``stoker verify``. Every outcome
-must be a clean read or a CorruptDataError or FormatError; where verify finds nothing wrong, every
-reader must read every sample. No other exception, no case running past ``--case-seconds``
-(faulthandler then ends the process, printing every thread's stack), no allocation past
-``--max-alloc-mb`` (tracemalloc's peak, numpy's arrays included) nor growth of the process's
-peak memory. Each failure prints its case number (``--case N`` runs it again) and the mutation,
-and keeps the damaged index under ``--keep``. Exits 1 on any failure.
+to bytes that are not UTF-8, bytes spliced into the shard between two samples with the index
+moved to match, several of these at once) and reads the data set with it: with ``verify=False``,
+and with the manifest's checksums recomputed over the damaged files, so that the damage reaches
+the row checks instead of stopping at the index's checksum. Each case goes through ShardIndex
+(every key, member range, field lookup, span), ShardDataset (every sample of the shard and its
+key), one epoch of stoker.Loader in its native path, and ``stoker verify``. Every outcome must be
+a clean read or a CorruptDataError or FormatError; where verify finds nothing wrong, every reader
+must read every sample and Python's tarfile must list the shard's members as the index does. No
+other exception, no case running past ``--case-seconds`` (faulthandler then ends the process,
+printing every thread's stack), no allocation past ``--max-alloc-mb`` (tracemalloc's peak,
+numpy's arrays included) nor growth of the process's peak memory. Each failure prints its case
+number (``--case N`` runs it again) and the mutations, and keeps the damaged index and shard
+under ``--keep``. Exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import pathlib
 import resource
 import shutil
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -41,7 +45,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-from stress_extensions import check_build  # beside this script
+from damage import insert_gap  # beside this script
+from stress_extensions import check_build
 
 import stoker
 from stoker.errors import CorruptDataError, FormatError
@@ -81,12 +86,12 @@ def sections(data: bytearray) -> dict[str, np.ndarray]:
             "keys": buffer[len(data) - int(header[0]["keys_nbytes"]) :]}
 
 
-def mutate(data: bytes, rng: np.random.Generator) -> tuple[bytes, list[str]]:
-    """``data`` damaged by one to three mutations, and what they were."""
+def mutate(data: bytes, shard: bytes, rng: np.random.Generator) -> tuple[bytes, bytes, list[str]]:
+    """The index ``data`` and its ``shard`` damaged by one to three mutations, and what they were."""
     done: list[str] = []
     out = bytearray(data)
     for _ in range(int(rng.choice([1, 1, 1, 2, 3]))):
-        kind = int(rng.integers(8))
+        kind = int(rng.integers(9))
         if kind == 0 and out:  # bit flips
             flips = rng.integers(0, len(out) * 8, int(rng.integers(1, 9)))
             for bit in flips.tolist():
@@ -115,7 +120,27 @@ def mutate(data: bytes, rng: np.random.Generator) -> tuple[bytes, list[str]]:
             edited, what = edit_table(bytes(out), kind, rng)
             out = bytearray(edited)  # a new buffer: the edit's numpy views hold the old one
             done.append(what)
-    return bytes(out), done
+        elif kind == 8:
+            shard, what = splice_gap(shard, out, rng)
+            done.append(what)
+    return bytes(out), shard, done
+
+
+def splice_gap(shard: bytes, index: bytearray, rng: np.random.Generator) -> tuple[bytes, str]:
+    """Bytes (zeros or random, a few to a few blocks) spliced into ``shard`` where a sample starts,
+    ``index`` moved to match, as a tool that edits the tar and fixes the index would leave them:
+    every offset still right, but tar readers read the gap. stoker's writer never leaves one."""
+    try:
+        rows = sections(index)["rows"]
+        sample = int(rng.integers(1, len(rows)))
+    except ValueError:  # the header no longer describes the file (or no sample to put it before)
+        return shard, "nothing (no sample to splice bytes before)"
+    size = [1, 511, 512, 1024, int(rng.integers(1, 4097))][int(rng.integers(5))]
+    gap = bytes(size) if rng.random() < 0.5 else rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    try:
+        return insert_gap(shard, index, sample, gap), f"splice {size} bytes ({gap[:4].hex()}...) before sample {sample}"
+    except (ValueError, IndexError, OverflowError):  # the rows already damaged past moving
+        return shard, "nothing (the rows cannot be moved)"
 
 
 def edit_table(data: bytes, kind: int, rng: np.random.Generator) -> tuple[bytes, str]:
@@ -195,23 +220,39 @@ def one_epoch(root: pathlib.Path, verify: bool) -> None:
         pass
 
 
-def damage(number: int, seed: int, pristine: pathlib.Path) -> tuple[bytes, list[str]]:
-    """Case ``number``'s damaged index and its mutations."""
-    return mutate((pristine / read_manifest(pristine).shards[SHARD].index).read_bytes(),
+def tar_reads_as_indexed(shard: pathlib.Path, index: pathlib.Path) -> bool:
+    """Whether Python's tarfile lists the shard's members as the index does (names and sizes, in order)."""
+    index_ = ShardIndex.open(index)
+    keys = [index_.key(i) for i in range(len(index_)) for _ in range(len(index_.sample_members(i)))]
+    listed = [(f"{key}.{index_.fields[int(member['field'])]}", int(member["size"]))
+              for key, member in zip(keys, index_.members)]
+    try:
+        with tarfile.open(shard) as tar:
+            return [(member.name, member.size) for member in tar.getmembers()] == listed
+    except tarfile.TarError:
+        return False
+
+
+def damage(number: int, seed: int, pristine: pathlib.Path) -> tuple[bytes, bytes, list[str]]:
+    """Case ``number``'s damaged index and shard, and its mutations."""
+    entry = read_manifest(pristine).shards[SHARD]
+    return mutate((pristine / entry.index).read_bytes(), (pristine / entry.name).read_bytes(),
                   np.random.default_rng((seed, number)))
 
 
 def run_case(number: int, seed: int, pristine: pathlib.Path, root: pathlib.Path, outcomes: Counter) -> None:
-    """Damage the index, read the data set every way, restore it."""
+    """Damage the index (and the shard), read the data set every way, restore it."""
     entry = read_manifest(pristine).shards[SHARD]
-    index = root / entry.index
-    damaged, _ = damage(number, seed, pristine)
+    index, shard = root / entry.index, root / entry.name
+    damaged, damaged_shard, _ = damage(number, seed, pristine)
     index.write_bytes(damaged)
+    shard.write_bytes(damaged_shard)
     try:
         for verify in (False, True):
-            if verify:  # the checksums recomputed over the damaged index: the rows must tell
+            if verify:  # the checksums recomputed over the damaged files: the rows and the shard must tell
                 manifest = read_manifest(pristine)
-                manifest.shards[SHARD] = replace(entry, index_checksum=file_checksum(index), index_bytes=len(damaged))
+                manifest.shards[SHARD] = replace(entry, bytes=len(damaged_shard), checksum=file_checksum(shard),
+                                                 index_checksum=file_checksum(index), index_bytes=len(damaged))
                 write_manifest(root, manifest)
             check_outcome(outcomes, "ShardIndex", read_index, index)
             clean = read_samples(root, verify, outcomes)
@@ -221,14 +262,18 @@ def run_case(number: int, seed: int, pristine: pathlib.Path, root: pathlib.Path,
                 outcomes["verify: " + ("damage found" if problems else "OK")] += 1
                 if not problems and not clean:
                     raise Failure("stoker verify found nothing wrong, but a reader failed")
+                if not problems and not tar_reads_as_indexed(shard, index):
+                    raise Failure("stoker verify found nothing wrong, but tarfile lists other members than the index")
     finally:
         shutil.copy(pristine / entry.index, index)
+        shutil.copy(pristine / entry.name, shard)
         shutil.copy(pristine / "stoker.json", root / "stoker.json")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--cases", type=int, help="run cases 0 to N - 1, however long they take, instead of --seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--case", type=int, help="run only this case")
     parser.add_argument("--case-seconds", type=float, default=120.0, help="a case running longer is a hang")
@@ -248,11 +293,11 @@ def main() -> None:
         shutil.copytree(pristine, root)
         tracemalloc.start()
         rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        numbers = [args.case] if args.case is not None else range(sys.maxsize)
+        numbers = [args.case] if args.case is not None else range(args.cases or sys.maxsize)
         deadline = time.monotonic() + args.seconds
         start, cases = time.monotonic(), 0
         for number in numbers:
-            if args.case is None and time.monotonic() > deadline:
+            if args.case is None and args.cases is None and time.monotonic() > deadline:
                 break
             faulthandler.dump_traceback_later(args.case_seconds, exit=True)
             tracemalloc.reset_peak()
@@ -268,8 +313,9 @@ def main() -> None:
                 failures += 1
                 keep = pathlib.Path(args.keep)
                 keep.mkdir(exist_ok=True)
-                damaged, mutations = damage(number, args.seed, pristine)
+                damaged, damaged_shard, mutations = damage(number, args.seed, pristine)
                 (keep / f"case-{number}.idx").write_bytes(damaged)
+                (keep / f"case-{number}.tar").write_bytes(damaged_shard)
                 print(f"FAIL case {number} ({'; '.join(mutations)}): {e}", flush=True)
                 if failures >= 20:
                     break

@@ -4,18 +4,22 @@ stoker/pack/ray_engine.py).
 
     python tests/ray_data_driver.py STEPS.json RESULTS.pickle
 
-Each step writes the photos of a folder as rows through stoker.ShardDatasink, or reads a data set
-through stoker.ShardDatasource. RESULTS maps each step's name to what it gave: the sink's
-PackResult, the rows read and the number of blocks they came in, or the StokerError raised as
-(class name, message).
+Each step writes the photos of a folder as rows through stoker.ShardDatasink (with ``locked``, into
+a folder this process holds the pack lock of), or reads a data set through stoker.ShardDatasource
+(made, with ``cwd``, in that working directory). RESULTS maps each step's name to what it gave: the
+sink's PackResult, the rows read and the number of blocks they came in, or the StokerError raised
+as (class name, message).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import ray
 import ray.data
 
 import stoker
+from stoker.pack import destination
 
 
 def write(step: dict[str, Any]) -> stoker.PackResult | None:
@@ -30,13 +35,31 @@ def write(step: dict[str, Any]) -> stoker.PackResult | None:
     rows = [{"image": f.read_bytes(), "label": f.parent.name, "key": f.relative_to(photos).with_suffix("").as_posix()}
             for f in sorted(photos.rglob("*.jpg"))]
     sink = stoker.ShardDatasink(step["dst"], key_column="key", **step["options"])
-    ray.data.from_items(rows, override_num_blocks=step["blocks"]).write_datasink(sink)
+    with locked(Path(step["dst"])) if step.get("locked") else nullcontext():
+        ray.data.from_items(rows, override_num_blocks=step["blocks"]).write_datasink(sink)
     return sink.result
 
 
+@contextmanager
+def locked(dst: Path) -> Iterator[None]:
+    """``dst`` locked as a pack writing there locks it; another waits half a second for it."""
+    dst.mkdir(parents=True, exist_ok=True)
+    waited, destination.LOCK_WAIT_SECONDS = destination.LOCK_WAIT_SECONDS, 0.5
+    try:
+        with destination.pack_lock(dst):
+            yield
+    finally:
+        destination.LOCK_WAIT_SECONDS = waited
+
+
 def read(step: dict[str, Any]) -> dict[str, Any]:
-    dataset = ray.data.read_datasource(stoker.ShardDatasource(step["path"], **step["options"]),
-                                       override_num_blocks=step["blocks"]).materialize()
+    here = os.getcwd()
+    os.chdir(step.get("cwd", here))  # Ray's workers stay where ray.init() started them
+    try:
+        source = stoker.ShardDatasource(step["path"], **step["options"])
+    finally:
+        os.chdir(here)
+    dataset = ray.data.read_datasource(source, override_num_blocks=step["blocks"]).materialize()
     return {"rows": dataset.take_all(), "blocks": dataset.num_blocks()}
 
 

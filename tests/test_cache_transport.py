@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import pytest
 
@@ -69,17 +68,24 @@ def test_a_node_cache_epoch_through_resets_is_intact_and_never_waits_out_a_timeo
     copies, damaged = cached_and_damaged(tmp_path / "c")
     assert damaged == [] and all(data == (packed / name).read_bytes() for name, data in copies.items())
     assert link.counts()["reset"] >= 1
-    # each reset was seen as one and read again at once: no attempt waited for an answer
-    assert not [r.message for r in caplog.records if "NoAnswer" in r.message or "Timeout" in r.message]
+    # each reset was seen as one and read again at once, never waited out: every retry's cause is a
+    # reset's own error or, where a loaded machine kept moto silent over 2 s, our stall (NoAnswer);
+    # none is a backend's timeout (10 s here), the wait a reset once cost
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert not [m for m in retries if "Timeout" in m]
+    assert len([m for m in retries if "NoAnswer" not in m]) <= link.counts()["reset"]
 
 
-def test_a_request_never_answered_is_asked_again_long_before_the_read_timeout(s3, remote, packed, link):
-    """The read's first attempt gives up on a silent connection after ~2 s (``_STALL``), not at
-    the read timeout (60 s here), nor at the backend's own read timeout (10 s in these options)."""
+def test_a_request_never_answered_is_asked_again_long_before_the_read_timeout(s3, remote, packed, link, caplog):
+    """The read's first attempt gives up on a silent connection after 2 s (``_STALL``), not at
+    the read timeout (60 s here), nor at the backend's own read timeout (10 s in these options):
+    told by the cause each retry names, not by the clock, so a loaded machine cannot fail it."""
     name = stoker.ShardDataset(packed).shards.manifest.shards[0].name
     data = RemoteData(remote, through(s3, link), read_timeout=60)
     link.inject("black_hole")
-    started = time.monotonic()
-    assert data.read_range(name, 0, 200_000) == (packed / name).read_bytes()[:200_000]
-    assert time.monotonic() - started < 9  # under the backend's 10 s, whatever the load
-    assert link.counts()["black_hole"] == 1
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        assert data.read_range(name, 0, 200_000) == (packed / name).read_bytes()[:200_000]
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert retries and "NoAnswer: nothing arrived for 2 s" in retries[0]
+    assert not [m for m in retries if "Timeout" in m]
+    assert link.counts()["black_hole"] == 1 and len(link.ranges("GET")) == len(retries) + 1

@@ -83,3 +83,20 @@ def test_a_slow_transfer_that_keeps_moving_outlives_the_read_timeout(s3, remote,
         assert data.read_range(name, 0, size) == (packed / name).read_bytes()
         assert time.monotonic() - started > READ_TIMEOUT
         assert slow.counts()["requests"] == 1
+
+
+@pytest.mark.parametrize("fetch", ["read", "read_many"])
+def test_a_slow_metadata_fetch_that_keeps_moving_outlives_the_read_timeout(s3, remote, packed, fetch):
+    """Whole files, as the manifest and the indexes are fetched, held to 120 KB/s per answer: each
+    over 3 s (two shards of ~600 KB), the deadline moving with the bytes as a ranged read's does."""
+    names = [entry.name for entry in stoker.ShardDataset(packed).shards.manifest.shards[:2]]
+    with ShapedLink(s3.port, stream_rate=120e3) as slow:
+        data = RemoteData(remote, through(s3, slow), read_timeout=READ_TIMEOUT)
+        started = time.monotonic()
+        if fetch == "read":
+            names = names[:1]
+            assert data.read(names[0]) == (packed / names[0]).read_bytes()
+        else:
+            assert data.read_many(names) == {name: (packed / name).read_bytes() for name in names}
+        assert time.monotonic() - started > READ_TIMEOUT
+        assert len(slow.ranges("GET")) == len(names)  # each fetched once: none abandoned and asked again

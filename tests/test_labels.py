@@ -106,6 +106,18 @@ def test_a_data_set_packed_without_class_names_reads_them_numbered(packed, tmp_p
     assert stoker.ShardDataset(copy).classes == ["0", "1", "2", "3"]
 
 
+def test_class_names_shorter_than_the_labels_are_completed_with_numbers(packed, tmp_path):
+    import shutil
+
+    copy = Path(shutil.copytree(packed, tmp_path / "short"))
+    manifest = read_manifest(copy)
+    manifest.classes = manifest.classes[:2]  # labels 2 and 3 have no name (written by hand, or another tool)
+    write_manifest(copy, manifest)
+    dataset = stoker.ShardDataset(copy)
+    assert int(dataset.targets.max()) == 3
+    assert dataset.classes == [*manifest.classes, "2", "3"]
+
+
 def test_a_csv_with_a_header_row_names_its_columns(some, tmp_path, capsys):
     rows = ["split,file,target"] + [f"train,{p},{p.parent.name}" for p in some]
     (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
@@ -115,6 +127,23 @@ def test_a_csv_with_a_header_row_names_its_columns(some, tmp_path, capsys):
     assert main(["pack", str(tmp_path / "list.csv"), str(tmp_path / "ds"), "--image-column", "file",
                  "--label-column", "target", "--quiet"]) == 0
     assert served(tmp_path / "ds") == {p.read_bytes(): p.parent.name for p in some}
+
+
+@pytest.mark.parametrize("header", ["path,caption", "path,caption,split"])
+def test_a_csv_header_without_a_label_column_is_refused_unless_unlabelled(some, tmp_path, header):
+    """A second column is a label only where the header says so: captions are not class names."""
+    extra = header.count(",")
+    rows = [header] + [f"{p},a photo of {p.stem}" + ",train" * (extra - 1) for p in some]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    columns = header.replace(",", ", ")
+    with pytest.raises(PackError, match=re.escape(f"{tmp_path / 'list.csv'}: no label column (label, labels) among its "
+                                                  f"columns: {columns}; name it with --label-column (label_column=); "
+                                                  f"{HINT}")):
+        stoker.pack(tmp_path / "list.csv", tmp_path / "refused", progress=False)
+    result = stoker.pack(tmp_path / "list.csv", tmp_path / "ds", unlabelled=True, progress=False)
+    dataset = stoker.ShardDataset(result.dst, decode="raw")
+    assert dataset.classes == [] and {dataset[i][1] for i in range(len(dataset))} == {-1}
+    assert sorted(bytes(dataset[i][0]) for i in range(len(dataset))) == sorted(p.read_bytes() for p in some)
 
 
 def test_sources_without_labels_are_refused_unless_said_unlabelled(some, tmp_path):

@@ -3,15 +3,19 @@ own process): ShardDataset, DataLoader workers under fork and spawn, stoker.Load
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
 import pickle
+import threading
 
 import pytest
 import torch.utils.data
 
 import stoker
 from stoker.errors import RemoteError
-from stoker.storage.remote import cache_root
+from stoker.storage.remote import RemoteData, cache_root
 from tests.conftest import SMALL_SHARD
 from tests.test_resume import BlockedPack
 
@@ -115,3 +119,34 @@ def test_killed_pack_to_s3_resumes_and_uploads_only_missing_shards(s3, photos, p
     here = stoker.ShardDataset(packed, decode="raw")
     assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
     assert not any((cache_root() / "pack").iterdir())
+
+
+class _NoLength(http.server.SimpleHTTPRequestHandler):
+    """A plain HTTP/1.0 server that never says a file's size (no Content-Length: the body ends
+    when the connection closes), as some web servers and proxies answer."""
+
+    protocol_version = "HTTP/1.0"
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() != "content-length":
+            super().send_header(keyword, value)
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionError):  # a client that asked for the headers only and left
+            super().handle()
+
+
+def test_the_manifest_and_indexes_come_from_a_server_that_does_not_say_their_size(packed):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_NoLength, directory=packed.parent))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        there = RemoteData(f"http://127.0.0.1:{server.server_port}/{packed.name}", read_timeout=30)
+        indexes = [entry.index for entry in stoker.ShardDataset(packed).shards.manifest.shards]
+        assert there.read("stoker.json") == (packed / "stoker.json").read_bytes()
+        assert there.read_many(indexes) == {name: (packed / name).read_bytes() for name in indexes}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -4,8 +4,12 @@ and compared with `stoker pack` of the same rows, as an image folder and as a CS
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,12 +18,32 @@ import stoker
 from stoker.errors import OptionError, PackError
 from stoker.format import MANIFEST_NAME, REJECTED_NAME, read_manifest
 from stoker.format.verify import verify_dataset
+from stoker.pack import destination
+from stoker.pack.destination import pack_lock
+from stoker.storage.locks import exclusive
 from tests.same_samples import assert_same_samples
 from tests.test_sources import write_hf_parquet
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:
-    pytest.skip("needs a Java runtime for Spark (.ci/run installs one)", allow_module_level=True)
+
+def java_major() -> int | None:
+    """The major version of the ``java`` on the PATH (8 for "1.8.0_402"), 0 where it names none,
+    None where there is no ``java``."""
+    if shutil.which("java") is None:
+        return None
+    said = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', said)
+    if found is None:
+        return 0
+    return int(found[2] or 0) if found[1] == "1" else int(found[1])
+
+
+pyspark = pytest.importorskip("pyspark")
+JAVA = java_major()
+NEEDED = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
+if JAVA is None or JAVA < NEEDED:
+    pytest.skip(f"Spark {pyspark.__version__} needs Java {NEEDED} or later, "
+                + ("no java found" if JAVA is None else f"`java -version` says {JAVA}")
+                + " (.ci/run installs openjdk-17-jre-headless)", allow_module_level=True)
 
 PARTITIONS = 4
 
@@ -115,6 +139,43 @@ def test_a_rerun_after_a_failure_replaces_what_the_failed_run_left(spark, photos
     assert verify_dataset(dst) == []
     with pytest.raises(PackError, match="holds a finished stoker data set; write into a new folder"):
         stoker.pack_spark(frame(spark, rows, "image binary, label string, key string", 2), dst, key_column="key")
+
+
+def waiting_for_a_lock(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside stoker's lock wait (storage/locks.py ``exclusive``) right now."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code is not exclusive.__wrapped__.__code__:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_a_write_that_waited_for_another_is_refused_where_that_one_finished(spark, photos, packed, tmp_path,
+                                                                           monkeypatch):
+    """Two writes into one folder: the second waits for the first's lock, then finds the data set
+    the first finished there and is refused, instead of writing its shards over it."""
+    monkeypatch.setattr(destination, "LOCK_WAIT_SECONDS", 600.0)  # however slow the machine
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    df = frame(spark, photo_rows(photos)[:8], "image binary, label string, key string", 2)
+    outcome: list[BaseException | None] = []
+
+    def second_write() -> None:
+        try:
+            stoker.pack_spark(df, dst, key_column="key")
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 -- handed to the test
+            outcome.append(e)
+
+    second = threading.Thread(target=second_write, daemon=True)
+    with pack_lock(dst):  # the first write, writing
+        second.start()
+        while second.is_alive() and not waiting_for_a_lock(second):
+            time.sleep(0.02)
+        shutil.copytree(packed, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".stoker-pack*"))  # it finishes
+    second.join(300)
+    assert outcome and isinstance(outcome[0], PackError), outcome
+    assert "holds a finished stoker data set" in str(outcome[0])
+    assert verify_dataset(dst) == [] and read_manifest(dst) == read_manifest(packed)
 
 
 def test_options_that_do_not_fit_the_rows_are_refused_before_anything_runs(spark, photos, tmp_path):

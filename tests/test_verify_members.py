@@ -16,7 +16,7 @@ import stoker
 from stoker.cli import main
 from stoker.format import ShardIndex, read_manifest
 from stoker.format.verify import verify_dataset
-from tests.damage import edit_index, reseal
+from tests.damage import edit_index, insert_gap, reseal
 
 
 @pytest.fixture
@@ -86,6 +86,25 @@ def test_bytes_after_the_last_sample_are_named(copy):
     problems = verify_dataset(copy)
     assert [(Path(p.path).name, p.reason) for p in problems] == [
         ("shard-000001.tar", "non-zero bytes after the last sample (end-of-archive padding)")]
+
+
+def test_a_gap_between_samples_is_named(copy):
+    """Zeros spliced in between two samples, the index moved to match and the checksums recomputed:
+    every stoker reader still reads every sample, but a tar reader stops at the zeros (its end of
+    archive) and lists only the members before them. stoker's writer never leaves a gap."""
+    entry = read_manifest(copy).shards[1]
+    index = bytearray((copy / entry.index).read_bytes())
+    shard = insert_gap((copy / entry.name).read_bytes(), index, 3, bytes(1024))
+    (copy / entry.name).write_bytes(shard)
+    (copy / entry.index).write_bytes(bytes(index))
+    reseal(copy)
+    with tarfile.open(copy / entry.name) as tar:
+        assert len(tar.getmembers()) < len(ShardIndex.open(copy / entry.index).members)
+    problems = verify_dataset(copy)
+    key = ShardIndex.open(copy / entry.index).key(2)
+    assert [(Path(p.path).name, p.key, p.reason) for p in problems] == [
+        ("shard-000001.tar", key, "1024 bytes after this sample that the index does not describe "
+         "(tar readers read them as members or the end of the archive)")]
 
 
 def test_pax_headers_of_long_and_non_ascii_names_verify(photos, tmp_path):

@@ -212,11 +212,11 @@ class ShardDataset(torch.utils.data.Dataset):
     @property
     def classes(self) -> list[str]:
         """Class names; index i is label i, as ImageFolder assigns them (sorted folder names). Never
-        shorter than the labels need: a data set packed without names (by an earlier stoker, from
-        integer labels) names label i ``"i"``; one without labels has none."""
+        shorter than the labels need: a label past the manifest's names (none where an earlier
+        stoker packed integer labels) is named by its number, label i ``"i"``; a data set without
+        labels has none."""
         if self._classes is None:
-            named = self.shards.manifest.classes
-            self._classes = list(named) if named else complete_classes(None, int(self.targets.max(initial=-1))) or []
+            self._classes = complete_classes(self.shards.manifest.classes, int(self.targets.max(initial=-1))) or []
         return list(self._classes)
 
     @property

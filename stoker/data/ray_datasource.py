@@ -7,7 +7,7 @@
 Rows come in the data set's order: ``image`` (decoded HWC uint8, or with ``decode="raw"`` the stored
 bytes), ``label`` (int64, -1 for none) and ``key``. Each task reads its shards as ShardDataset
 reads them (the index memory-mapped, every member checked against its checksum), from a folder
-or an fsspec URL. Ray is imported here only: ``import stoker`` never loads it.
+or an fsspec URL, with the same storage settings (a node cache too). Ray is imported here only: ``import stoker`` never loads it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ except ModuleNotFoundError as e:
 
 from stoker.data.dataset import ShardDataset
 from stoker.errors import OptionError
+from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, is_url
 
 RowDecode = Literal["rgb", "raw"]
 ROW_DECODES = ("rgb", "raw")
@@ -37,16 +38,23 @@ class ShardDatasource(Datasource):
     """The samples of the stoker data set at ``path`` (a folder, or an fsspec URL with
     ``storage_options``) as Ray Data rows of ``image``, ``label`` and ``key``. ``decode``:
     ``"rgb"`` gives HWC uint8 arrays, ``"raw"`` the stored bytes (smaller in Ray's object store:
-    decode them in ``map_batches``). ``cache_dir`` and ``verify`` as ShardDataset takes them.
+    decode them in ``map_batches``). ``verify`` and the storage settings (``cache_dir``,
+    ``cache_limit``, ``read_timeout``, ``reads_in_flight``) as ShardDataset takes them, checked
+    here; a relative ``path`` or ``cache_dir`` is this process's (read tasks run elsewhere).
     One read task per run of whole shards, at most ``parallelism`` (Ray's ``override_num_blocks``)."""
 
     def __init__(self, path: str | os.PathLike, *, decode: RowDecode = "rgb", storage_options: dict[str, Any] | None = None,
-                 cache_dir: str | os.PathLike | None = None, verify: bool = True) -> None:
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT, reads_in_flight: int = DEFAULT_PARALLEL,
+                 verify: bool = True) -> None:
         super().__init__()
         if decode not in ROW_DECODES:
             raise OptionError(f"decode={decode!r}: must be 'rgb' (decoded HWC uint8 arrays) or 'raw' (the stored bytes)")
         self._decode = decode
-        self._open = partial(ShardDataset, path, decode, storage_options=storage_options, cache_dir=cache_dir,
+        self._open = partial(ShardDataset, path if is_url(path) else os.path.abspath(path), decode,
+                             storage_options=storage_options,
+                             cache_dir=None if cache_dir is None else os.path.abspath(cache_dir),
+                             cache_limit=cache_limit, read_timeout=read_timeout, reads_in_flight=reads_in_flight,
                              verify=verify)  # what each read task calls: a ShardDataset of its own
         self._manifest = self._open().shards.manifest  # read and checked here, before any task
 

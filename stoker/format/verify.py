@@ -162,11 +162,12 @@ class _Scan:
         bad = np.bincount(owner, bad_members, len(index)) > 0
         last = first[1:] - 1  # each sample's bytes end where its last member's padding does (none: it has none)
         ends = np.where(last >= first[:-1], padded_ends[last] if len(owner) else 0, starts[:-1])
-        bad |= ends != starts[1:]
+        gaps = starts[1:] - ends  # bytes between a sample's end and the next one's start: 0 as the writer leaves them
+        bad |= gaps != 0
         damaged = []
         with open(self.path, "rb") as f:
             for i in np.flatnonzero(bad).tolist():
-                if reason := self._sample_damage(f, i):
+                if reason := self._sample_damage(f, i) or _gap_damage(int(gaps[i])):
                     damaged.append((i, reason))
         return damaged
 
@@ -199,6 +200,17 @@ class _Scan:
         if len(found) != len(rows):
             return f"the tar holds {len(found)} member(s) in this sample's bytes, the index lists {len(rows)}"
         return None
+
+
+def _gap_damage(gap: int) -> str | None:
+    """Why ``gap`` bytes between a sample's last member (with its padding) and the next sample
+    are damage: tar readers read what the index skips, or find a header where padding should be."""
+    if gap > 0:
+        return (f"{gap} bytes after this sample that the index does not describe "
+                "(tar readers read them as members or the end of the archive)")
+    if gap < 0:
+        return f"the next sample starts {-gap} bytes before this sample's last member's tar padding ends"
+    return None
 
 
 def _member_names(index: ShardIndex) -> list[bytes]:

@@ -1,7 +1,8 @@
 """What the driver of a Spark or Ray Data write does around its workers' shards: the destination
-checked and made before any row is written; at the end the records in shard order, leftovers of
-earlier runs removed, then `stoker pack`'s own last step (stoker/pack/packer.py: the rejected-input
-report, the manifest last), uploaded last for a URL.
+checked, made and locked before any row is written (the lock held until the manifest is written);
+at the end the records in shard order, leftovers of earlier runs removed, then `stoker pack`'s own
+last step (stoker/pack/finish.py: the rejected-input report, the manifest last), uploaded last for
+a URL.
 
 A rerun after a failure writes every shard again, each under a temporary name renamed into place
 (stoker/pack/writer.py); a destination holding a finished data set is refused.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,9 @@ import numpy as np
 from stoker.errors import PackError, StokerError
 from stoker.format import MANIFEST_NAME
 from stoker.format.layout import WORK_DIR_NAME
-from stoker.pack.destination import check_destination, remove_leftovers
+from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
+from stoker.pack.finish import PackResult, finish
 from stoker.pack.options import ImageOptions
-from stoker.pack.packer import PackResult, finish
 from stoker.pack.shard_job import ShardRecord
 from stoker.sources import Source
 from stoker.storage.publish import Upload, publish
@@ -56,18 +58,24 @@ class EngineWrite:
         upload = self.upload
         return upload.scratch if upload is not None else Path(self.dst)
 
-    def open(self) -> None:
-        """Refuse a destination that holds a finished data set or files that are not stoker's;
-        make the folder. PackError names it."""
-        upload = self.upload
-        finished = MANIFEST_NAME in upload.sizes() if upload is not None else (self.local / MANIFEST_NAME).exists()
-        if finished:
-            raise PackError(f"{self.dst}: holds a finished stoker data set; write into a new folder, or delete it first")
+    @contextmanager
+    def opened(self) -> Iterator[None]:
+        """The destination made and locked for the ``with`` block, on the driver (pack_lock:
+        another write or `stoker pack` into it waits, then is refused); refused where it holds
+        files that are not stoker's or, checked under the lock so that two writes cannot both find
+        it empty, a finished data set. PackError names it."""
         check_destination(self._source(None), self.local)
         try:
             self.local.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise PackError(f"{self.local}: cannot make the folder: {e.strerror or e}") from None
+        with pack_lock(self.local):
+            upload = self.upload
+            finished = MANIFEST_NAME in upload.sizes() if upload is not None else (self.local / MANIFEST_NAME).exists()
+            if finished:
+                raise PackError(f"{self.dst}: holds a finished stoker data set; write into a new folder, or delete it "
+                                "first")
+            yield
 
     def commit(self, results: Iterable[ShardRecord | StokerError], classes: Sequence[str] | None, options: dict,
                strict: bool, started: float) -> PackResult:

@@ -2,7 +2,7 @@
 
     source listing ──> plan (fixed up front) ──> one job per shard ──> worker processes
                                                                          │ ShardWriter: tmp, fsync, rename
-    manifest (written last) <── records of finished shards <────────────┘
+    manifest (written last: finish.py) <── records of finished shards <──┘
 
 A rerun after a kill or a full disk reuses every shard whose record matches the plan and redoes
 the rest; a manifest only ever lists complete shards. The source is only read.
@@ -14,12 +14,10 @@ import json
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import asdict, replace
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -30,51 +28,28 @@ from stoker.errors import OptionError, PackError, PackMismatchError
 from stoker.format import (
     DEFAULT_SHARD_BYTES,
     MANIFEST_NAME,
-    NO_LABEL,
-    REJECTED_NAME,
     Manifest,
-    ShardEntry,
     atomic_write,
     file_checksum,
     read_manifest,
     shard_name,
-    write_manifest,
 )
-from stoker.format.layout import FRAME_TABLE_FIELD, WORK_DIR_NAME, is_frame_field
-from stoker.format.manifest import complete_classes
+from stoker.format.layout import WORK_DIR_NAME
 from stoker.pack import plan
 from stoker.pack.destination import check_destination, pack_lock, remove_leftovers
+from stoker.pack.finish import PackResult, finish
 from stoker.pack.local_engine import run_local
 from stoker.pack.options import ImageOptions, VideoOptions, pack_options
 from stoker.pack.progress import LazyBar
-from stoker.pack.restarts import check_available, summarize
-from stoker.pack.shard_job import CLASS_FIELD, ShardJob, ShardRecord, load_members
+from stoker.pack.restarts import check_available
+from stoker.pack.shard_job import ShardJob, ShardRecord, load_members
 from stoker.ranges import PACK_WORKERS, SHARD_BYTES, SHUFFLE_SEED
 from stoker.sources import BadInput, Source, SourceOptions, open_source
 from stoker.storage.publish import Upload, publish
 from stoker.storage.remote import is_url
-from stoker.version import __version__
 
 _SIZE_SAMPLE = 1000
 _REENCODE_SAMPLE = 32
-
-
-@dataclass(frozen=True)
-class PackResult:
-    """Summary of a finished pack."""
-
-    dst: Path | str
-    num_samples: int
-    num_shards: int
-    total_bytes: int
-    source_bytes: int
-    rejected: list[tuple[str, str]]
-    reused_shards: int
-    seconds: float
-    notes: list[tuple[str, str]] = field(default_factory=list)  # accepted inputs with something to report
-    skipped_extensions: dict[str, int] = field(default_factory=dict)  # folder files not listed, per extension
-    repeated_folders: int = 0  # links to folders already listed, not followed again
-    restarts: dict[str, object] | None = None  # restart_rows: images transcoded, kept, and why (see restarts.summarize)
 
 
 def pack(
@@ -208,26 +183,6 @@ def pack(
     return result
 
 
-def finish(source: Source, dst: Path, records: list[ShardRecord], reused: int, options: dict, plan_digest: str,
-           strict: bool, started: float) -> PackResult:
-    """Write the rejected-input report and, last, the manifest of the finished shards (also the
-    last step of a Spark or Ray Data write: stoker/pack/engine_writes.py)."""
-    rejected = [r for record in records for r in record.rejected]
-    if strict and rejected:  # rejects recorded by an earlier run without --strict
-        raise PackError(f"{rejected[0][0]}: {rejected[0][1]} (stopped by --strict)")
-    manifest = _assemble_manifest(source, records, options, plan_digest)
-    _write_rejected(dst, rejected)
-    if manifest.num_samples == 0:
-        raise PackError(f"every input was rejected ({len(rejected)}, listed in {dst / REJECTED_NAME}); the first: "
-                        f"{rejected[0][0]}: {rejected[0][1]}")
-    write_manifest(dst, manifest)
-    source_bytes = sum(record.source_bytes for record in records)
-    notes = [n for record in records for n in record.notes]
-    return PackResult(dst, manifest.num_samples, len(manifest.shards), sum(s.bytes for s in manifest.shards),
-                      source_bytes, rejected, reused, time.perf_counter() - started, notes,
-                      source.skipped_extensions, source.repeated_folders, manifest.source.get("restart_rows"))
-
-
 def _plan_jobs(source: Source, dst: Path, work_dir: Path, plan_digest: str, per_shard: int, shuffle_seed: int | None,
                image_options: ImageOptions, video: VideoOptions | None, strict: bool,
                upload: Upload | None) -> list[ShardJob]:
@@ -355,63 +310,3 @@ def _check_arrived(record: ShardRecord, job: ShardJob) -> None:
     if not shard.is_file() or shard.stat().st_size != record.entry.bytes:
         raise PackError(f"{shard}: written by a pack task but not found here; with a Ray cluster, DST must be on a "
                         "file system every node shares, or an object store URL (s3://...)")
-
-
-def _assemble_manifest(source: Source, records: list[ShardRecord], options: dict, plan_digest: str) -> Manifest:
-    shards, start, fields = [], 0, {}
-    for record in records:
-        if record.entry is None:
-            continue
-        shards.append(ShardEntry(**{**asdict(record.entry), "start": start}))
-        start += record.entry.count
-        fields.update(dict.fromkeys(record.fields))
-    schema = {f: _field_kind(f, "video" in options) for f in fields}
-    restarts = {}
-    if options.get("restart_rows"):
-        restarts = {"restart_rows": summarize(sum((Counter(record.restarts) for record in records), Counter()))}
-    return Manifest(
-        num_samples=start,
-        shards=shards,
-        schema=schema,
-        classes=complete_classes(source.classes, max([int(source.labels.max(initial=NO_LABEL))] +
-                                                     [record.max_label for record in records])),
-        source={"kind": source.kind, "path": str(source.root), "listed": _inputs_of(records), "options": options,
-                "plan": plan_digest, **_not_listed(source), **restarts},
-        created_by={"stoker_version": __version__, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-    )
-
-
-def _inputs_of(records: list[ShardRecord]) -> int:
-    """How many inputs the shards' jobs were given: each is either written or rejected."""
-    return sum(record.entry.count for record in records if record.entry) + sum(len(r.rejected) for r in records)
-
-
-def _not_listed(source: Source) -> dict[str, Any]:
-    """What a folder source left out: files per extension, links to folders already listed."""
-    if not source.kind.endswith("_folder"):
-        return {}
-    return {"skipped_extensions": source.skipped_extensions, "repeated_folders": source.repeated_folders}
-
-
-def _field_kind(field_name: str, videos: bool) -> str:
-    """Every member a pack writes besides the class and a video's frames and frame table is the
-    input itself, checked as an image (named after its extension or format: ``jpg``, ``gif``) or
-    stored as a video."""
-    if field_name == CLASS_FIELD:
-        return "class"
-    if field_name == FRAME_TABLE_FIELD:
-        return "frame_table"
-    if is_frame_field(field_name):
-        return "frame"
-    return "video" if videos else "image"
-
-
-def _one_cell(text: str) -> str:
-    """Tabs and line breaks (in a tar member's name, say) would break the TSV's rows: escaped."""
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _write_rejected(dst: Path, rejected: list[tuple[str, str]]) -> None:
-    lines = ["path\treason"] + [f"{_one_cell(path)}\t{_one_cell(reason)}" for path, reason in rejected]
-    atomic_write(dst / REJECTED_NAME, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
-

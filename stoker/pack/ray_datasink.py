@@ -1,9 +1,9 @@
 """ShardDatasink: a Ray Data Dataset of images written as stoker shards,
 ``ds.write_datasink(ShardDatasink(dst))``.
 
-    driver       on_write_start: column types checked, destination (stoker/pack/engine_writes.py)
+    driver       on_write_start: column types checked, destination checked and locked (stoker/pack/engine_writes.py)
     write tasks  the rows Ray gives task i (rows_per_shard at least) ──> shard-<i>.tar + .idx (stoker/pack/rows.py)
-    driver       on_write_complete: the records in task order ──> rejected.tsv, stoker.json last
+    driver       on_write_complete: the records in task order ──> rejected.tsv, stoker.json last; the lock let go
 
 Ray is imported here only: ``import stoker`` never loads it (the ``ray-data`` extra).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ except ModuleNotFoundError as e:
 from stoker.errors import StokerError
 from stoker.format import shard_name
 from stoker.pack.engine_writes import EngineWrite
-from stoker.pack.packer import PackResult
+from stoker.pack.finish import PackResult
 from stoker.pack.rows import RowLayout, RowShards, row_image_options
 from stoker.pack.shard_job import ShardRecord
 from stoker.ranges import ROWS_PER_SHARD
@@ -67,6 +68,7 @@ class ShardDatasink(Datasink[ShardRecord | StokerError]):
         self._write = EngineWrite(os.fspath(path), "ray_dataset", "ray.data.Dataset", "the Dataset",
                                   dict(storage_options or {}))
         self._started = time.perf_counter()
+        self._held: ExitStack | None = None  # the destination's lock, from on_write_start to the write's end
         self.result: PackResult | None = None
 
     @property
@@ -74,11 +76,14 @@ class ShardDatasink(Datasink[ShardRecord | StokerError]):
         return self._rows_per_shard
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        """Refuse columns that do not fit before any task runs; check and make the destination."""
+        """Refuse columns that do not fit before any task runs; check, make and lock the
+        destination (the lock held by the driver until the write completes or fails)."""
         self._started = time.perf_counter()
         if schema is not None:
             self._layout(schema)
-        self._write.open()
+        held = ExitStack()
+        held.enter_context(self._write.opened())
+        self._held = held
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> ShardRecord | StokerError:
         """This task's rows as shard ``ctx.task_idx`` (run in the task; errors are returned, see RowShards.write)."""
@@ -95,10 +100,27 @@ class ShardDatasink(Datasink[ShardRecord | StokerError]):
         return shards.write(ctx.task_idx, _rows(chain([first], tables), layout))
 
     def on_write_complete(self, write_result: WriteResult[ShardRecord | StokerError]) -> None:
-        """The manifest last, from every task's record (the first error a task returned is raised)."""
-        self.result = self._write.commit(write_result.write_returns, self._classes,
-                                         self._write.options("ray", self._columns, self._image), self._strict,
-                                         self._started)
+        """The manifest last, from every task's record (the first error a task returned is
+        raised); then the destination's lock is let go."""
+        try:
+            self.result = self._write.commit(write_result.write_returns, self._classes,
+                                             self._write.options("ray", self._columns, self._image), self._strict,
+                                             self._started)
+        finally:
+            self._release()
+
+    def on_write_failed(self, error: Exception) -> None:
+        """The destination's lock let go: a rerun may write there."""
+        self._release()
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a write task gets: all but the driver's lock."""
+        return {**self.__dict__, "_held": None}
 
     def _layout(self, schema: pa.Schema) -> RowLayout:
         flat = schema.empty_table().flatten().schema  # struct fields as columns: image.bytes

@@ -24,9 +24,8 @@ except ModuleNotFoundError as e:
     raise ModuleNotFoundError("stoker.pack_spark needs pyspark: pip install 'stoker[spark]'", name=e.name) from None
 
 from stoker.errors import OptionError, StokerError
-from stoker.pack.destination import pack_lock
 from stoker.pack.engine_writes import EngineWrite
-from stoker.pack.packer import PackResult
+from stoker.pack.finish import PackResult
 from stoker.pack.rows import RowLayout, RowShards, row_image_options
 from stoker.pack.shard_job import ShardRecord
 from stoker.sources.listing import parse_labels
@@ -60,9 +59,8 @@ def pack_spark(df: DataFrame, dst: str | os.PathLike, *, image_column: str = "im
     layout, names = _labels(df, layout, tuple(classes) if classes is not None else None)
     write = EngineWrite(os.fspath(dst), "spark_dataframe", "pyspark.sql.DataFrame", "the DataFrame",
                         dict(storage_options or {}))
-    write.open()
     options = write.options("spark", (image_column, label_column, key_column), image)
-    with pack_lock(write.local):
+    with write.opened():
         shards = RowShards(layout, names, str(write.local), image, strict, write.upload, "partition")
 
         def partition(number: int, rows: Iterable[Any]) -> list[ShardRecord | StokerError]:

@@ -102,9 +102,10 @@ def read_path_list(list_file: Path, videos: bool = False, image_column: str | No
                    label_column: str | None = None) -> Source:
     """A CSV or TSV of ``path[,label]`` rows (for videos ``path,label[,start,end]``, the part of
     the video to keep, in seconds; either may be empty); an optional header row starts with ``path``.
-    A list of images may have other columns: then its first row is a header naming them, and the
-    image's column is ``image_column`` (default ``path``), the label's ``label_column`` (default
-    ``label`` or ``labels``).
+    In a list of images a header row names the columns, whatever their number: the image's column
+    is ``image_column`` (default ``path``), the label's ``label_column`` (default ``label`` or
+    ``labels``); a header naming no label column means no labels (``path,caption``: captions are
+    not class names). Other columns need a header row naming them.
 
     Relative paths are relative to the list's folder. Integer labels are kept as given; other
     labels are class names, indexed in sorted order as ImageFolder does. Where no row has a label,
@@ -126,7 +127,7 @@ def read_path_list(list_file: Path, videos: bool = False, image_column: str | No
                 continue
             if not rows and not header and (named or row[0].strip().lower() == "path"):
                 header = [cell.strip() for cell in row]
-                if named or len(header) > 2 and not videos:
+                if named or not videos:
                     picked = _named_columns(list_file, header, image_column, label_column)
                 continue
             if picked is not None:

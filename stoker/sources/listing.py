@@ -30,7 +30,7 @@ CONTENT_SAMPLE = 16  # inputs spread over a Dataset or table whose content is pa
 @dataclass
 class Source:
     """A listed source: parallel sequences of refs (where each input's bytes are: a path for
-    files, see stoker/pack/inputs.py for the others), keys and labels, plus class names."""
+    files, see stoker/sources/inputs.py for the others), keys and labels, plus class names."""
 
     kind: str
     root: Path

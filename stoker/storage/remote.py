@@ -116,10 +116,31 @@ class RemoteData:
         return folder
 
     def read(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``start:end`` of the data set's file ``name`` (all of it by default), retried on
-        transient errors; a RemoteError names the URL when it fails for good."""
-        return self._retried(f"{self.url}/{name}", lambda deadline: call_within(
-            self._filesystem(), "cat_file", deadline, f"{self._root}/{name}", start=start, end=end))
+        """Bytes ``start:end`` of the data set's file ``name`` (all of it by default: its size asked
+        first, one HEAD), retried on transient errors; a RemoteError names the URL when it fails
+        for good. Read as :meth:`read_range` reads: the bytes kept as they arrive, each moving the
+        deadline (a slow transfer that keeps moving is never cut), a retry resuming from the last
+        good byte; an answer that ends early (the object replaced meanwhile) is read again whole.
+        A server that does not say the size (HTTP without Content-Length) is read in one call."""
+        got = bytearray()
+        fs, path, first = self._filesystem(), f"{self._root}/{name}", start or 0
+        size: list[int | None] = []  # the object's, once asked
+
+        def rest(deadline: Deadline) -> None:
+            if end is None and not size:
+                size.append(call_within(fs, "info", deadline, path).get("size"))
+            last = end if end is not None else size[0]
+            if last is None:
+                got[:] = call_within(fs, "cat_file", deadline, path, start=start)
+                return
+            read_into(fs, path, first, int(last), got, deadline, self.read_timeout)
+            if first + len(got) < last:
+                ended = first + len(got)
+                del got[:], size[:]
+                raise BrokenAnswer(f"the answer ended at byte {ended} of {last}; asking again")
+
+        self._retried(f"{self.url}/{name}", rest)
+        return bytes(got)
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``start:end`` of the data set's file ``name``. A read cut short (a reset, a body
@@ -167,15 +188,16 @@ class RemoteData:
             return self._pool.submit(self.read_range, name, start, end)
 
     def read_many(self, names: list[str]) -> dict[str, bytes]:
-        """Every file in ``names``, whole, by name: fetched concurrently where the file system can
-        (s3fs, gcsfs: one round trip's latency for all instead of one per file)."""
-        if not names:
-            return {}
-        paths = {f"{self._root}/{name}": name for name in names}
-        label = f"{self.url}/{names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-        found = self._retried(label, lambda deadline: call_within(self._filesystem(), "cat", deadline, list(paths),
-                                                                  on_error="raise"))
-        return {paths[path]: data for path, data in found.items()}
+        """Every file in ``names``, whole, by name: each as :meth:`read` reads it (its deadline
+        moving as its bytes arrive), ``parallel`` at once. The first to fail for good raises; the
+        others are not waited for (each ends within its own deadline)."""
+        self._filesystem()  # made once here, not by each thread
+        pool = ThreadPoolExecutor(max(1, min(self.parallel, len(names))), thread_name_prefix="stoker-metadata")
+        try:
+            reads = [pool.submit(self.read, name) for name in names]
+            return {name: future.result() for name, future in zip(names, reads)}
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def version(self, name: str) -> str:
         """What identifies the current content of the file ``name`` without reading it: its size
