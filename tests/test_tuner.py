@@ -201,3 +201,10 @@ def test_part_sizes_stay_within_their_bounds(part):
     tuner = tuner_for(16, remote=True, part_bytes=(part, part))
     run(tuner, true, 12)
     assert tuner.settings.part_bytes == part
+
+
+def test_worker_processes_get_no_batch_more_ahead():
+    """Their ring of prefetch + 2 shared batches is made when they start: a batch more would restart them."""
+    tuner = tuner_for(8, Settings(threads=2, processes=4), threads=(2, 2), processes=(4, 4))
+    window = Window(1.0, 1000, 1000, 0.3, busy_s=1.6, cpu_s=1.0, process_cpu_s=1.0)  # 8 threads busy 20%
+    assert [d.action for d in tuner.observe(window)] == ["settle"] and tuner.settings.prefetch == 2

@@ -112,7 +112,9 @@ class Tuner:
         stages, limit = estimate(window, self.kept, self.known)
         now = predict(stages, self.kept).rate
         more = replace(self.kept, prefetch=self.kept.prefetch + 1)
-        if limit == "queue" and self.bounds.allows(more) and "prefetch" not in self.closed:
+        # Worker processes make their batches in a ring of prefetch + 2 made when they start: a batch
+        # more ahead would start them again, so only threads get one.
+        if limit == "queue" and not self.kept.processes and self.bounds.allows(more) and "prefetch" not in self.closed:
             self.settings = more  # not in the model: a batch more made ahead, measured like any other change
             return [Decision("try", more, self.kept, f"{_reason(limit)}: {window.describe()}")]
         for options in self._options(stages, limit):
