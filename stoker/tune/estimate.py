@@ -80,7 +80,7 @@ class Window:
         if self.requests:
             text += (f", {self.read_bytes / self.seconds / 1e6:,.0f} MB/s from the store "
                      f"({self.read_s / self.seconds:.1f} reads in flight, {self.read_s / self.requests * 1e3:,.0f} ms each)")
-        elif self.disk_bytes:
+        elif self.disk_bytes >= 1e6 * self.seconds:
             text += f", {self.disk_bytes / self.seconds / 1e6:,.0f} MB/s from the disk"
         return text
 
