@@ -62,10 +62,10 @@ class Loader(PassesReader):
     :class:`CropSpec`; default RandomResizedCrop to 224x224 with flips), cropped, resized and
     flipped straight into the batch by ``threads`` threads, or by ``processes`` worker processes of
     ``threads`` each (``mp_context``: ``fork``, ``spawn`` or ``forkserver``). Given neither, threads
-    (one more than the cores) for the first pass, then what that pass measured (workers.py;
-    ``workers`` says which and why). ``decode="gpu"``: the threads read bytes and nvJPEG decodes
-    and crops each batch on ``device`` (default: this rank's GPU; the ``gpu`` extra). Every such
-    decision is made once, in the Loader's plan (stoker/loader/plan.py); :meth:`explain` says it.
+    (one more than the cores), then what the tuner finds (``workers`` says which and why).
+    ``decode="gpu"``: the threads read bytes and nvJPEG decodes and crops each batch on ``device``
+    (default: this rank's GPU; the ``gpu`` extra). Every such decision is in the Loader's plan
+    (stoker/loader/plan.py; a tuner's decision makes a new one); :meth:`explain` says it.
 
     ``transform``: a torchvision pipeline (v1, v2, timm's) gives the batches it gives through a
     DataLoader over ImageFolder: its leading geometry fused into the decode, the stoker.augment ops
@@ -87,7 +87,15 @@ class Loader(PassesReader):
     a batch at a time; ``drop_last`` drops a short last global batch; rank 0's state resumes every
     rank, on any world size (docs/distributed.md). ``on_error`` (default: the data set's):
     ``raise`` a CorruptDataError naming shard and key, or ``skip`` to the next readable sample
-    (counted in ``skipped``). The user guide's section 5 says all of it at length.
+    (counted in ``skipped``).
+
+    ``tune`` (default True): the Loader measures itself while it runs and, at batch boundaries,
+    changes its threads or worker processes, ``prefetch``, the blocks read ahead and an object
+    store's reads in flight and their size, keeping a change only when measured faster
+    (stoker/tune, loader/tuning.py; ``decisions`` and :meth:`explain` list them, stoker.watch shows
+    them); arguments given are kept as given, and no batch changes. ``echo="auto"``: the tuner may
+    also serve echoes of recent batches while no fresh one is ready, once nothing else helps. The
+    user guide's section 5 says all of it at length.
     """
 
     def __init__(
