@@ -319,7 +319,8 @@ class Loader(PassesReader):
         assert self._tuning is not None
         if self._ring is None:  # (decode="gpu": buffers of no bytes, its pixels are made on the GPU)
             most = self._tuning.most_prefetch or self.prefetch
-            echoes = ECHO_BATCHES if self._plan.bounds is not None and self._plan.bounds.free("echo") else 0
+            # With echoes: the batches they are drawn from, the one handed to the loop's thread and the one kept next.
+            echoes = ECHO_BATCHES + 2 if self._plan.bounds is not None and self._plan.bounds.free("echo") else 0
             self._ring = BatchRing((self._rows(), *maker.buffer_shape()), most + 1 + echoes)
         return made_in_threads(maker, plan, hints, ahead, ring=self._ring, numbers=numbers, batch_size=self.batch_size,
                                settings=lambda: self._plan.settings, meter=self._tuning.meter)

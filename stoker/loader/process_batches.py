@@ -74,6 +74,10 @@ class Part:
     cpu_s: float = 0.0  # the worker process's CPU seconds meanwhile
 
 
+def _always() -> bool:
+    return True
+
+
 class _Work(Dataset):
     """The worker side: ``dataset[task]`` makes a :class:`Task` with ``threads`` threads."""
 
@@ -130,7 +134,7 @@ class _Tasks:
         self.epoch, self.batch_size = 0, 1
         self.share, self.numbers = np.zeros(0, np.int64), range(0)
         self.pending: deque[_Pending] = deque()
-        self.keep_going: Callable[[], bool] = lambda: True
+        self.keep_going: Callable[[], bool] = _always
 
     def __iter__(self) -> Iterator[Task]:
         for number in self.numbers:
@@ -203,6 +207,7 @@ class WorkerProcesses:
             finished = True
         finally:
             tasks.pending.clear()  # let go of the slots
+            tasks.keep_going = _always  # and of the caller (a Loader kept alive by its own workers' sampler)
             self.running = False
             if not finished:
                 self.close()

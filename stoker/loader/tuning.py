@@ -47,7 +47,8 @@ class Tuning:
         if plan.bounds is not None:
             bounds = plan.bounds
             # No more batches ahead than the memory budget holds (the thread ring has room for them all).
-            most = bounds.prefetch[0] + int(bounds.memory_bytes // batch_bytes) if batch_bytes > 0 else bounds.prefetch[1]
+            room = bounds.memory_bytes // batch_bytes if batch_bytes > 0 else math.inf
+            most = bounds.prefetch[0] + int(room) if math.isfinite(room) else bounds.prefetch[1]
             bounds = replace(bounds, batch_bytes=batch_bytes, prefetch=(bounds.prefetch[0], max(bounds.prefetch[0], min(
                 bounds.prefetch[1], most))))
             known = Known(plan.cores, bool(storage.remotes), storage.sample_bytes, storage.block_bytes)
