@@ -161,6 +161,8 @@ ON_ERROR = Choice("on_error", ("raise", "skip", None))
 DATASET_DECODE = Choice("decode", ("pil", "rgb", "tensor", "raw"))
 DATASET_ON_ERROR = Choice("on_error", ("raise", "skip"))
 MP_CONTEXT = Choice("mp_context", (*multiprocessing.get_all_start_methods(), None))
+TUNE = Choice("tune", (True, False))
+ECHO = Choice("echo", (None, "auto"))
 
 # ShardDataset(...) and ShardSet (no CLI options)
 BLOCK_BYTES = Range("block_bytes", "", 4 << 10, 1 << 30, unit="bytes")

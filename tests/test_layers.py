@@ -104,3 +104,11 @@ def test_augment_stands_on_its_own():
         if subpackage(name) == "stoker.augment":
             allowed = {"stoker.augment", "stoker.boxes", "stoker.state", "stoker.ranges", "stoker.errors"}
             assert {subpackage(t) for t in targets} <= allowed, name
+
+
+def test_the_pipeline_model_is_pure():
+    # stoker.tune (the model and the tuner's decisions) is shared by the Loader and the doctor, so it
+    # imports neither, nor anything that reads files or runs threads: only what options and states need.
+    for name, targets in GRAPH.items():
+        if subpackage(name) == "stoker.tune":
+            assert {subpackage(t) for t in targets} <= {"stoker.tune", "stoker.errors", "stoker.ranges", "stoker.state"}, name
