@@ -105,6 +105,15 @@ def test_a_long_step_time_means_input_is_not_the_bottleneck(photos):
     validate(report.to_dict())
 
 
+JOIN_GROUP_THEN_RUN = """
+import os, sys
+import stoker.cli, stoker.doctor, stoker.doctor.run, stoker.tune, stoker.loader, torch, PIL.Image
+with open(sys.argv[1], "w") as procs:
+    procs.write(str(os.getpid()))
+sys.exit(stoker.cli.main(sys.argv[2:]))
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access(BLKIO, os.W_OK),
                     reason="throttling reads needs root and cgroup v1 blkio")
 def test_throttled_storage_is_named(photos, tmp_path):
@@ -116,8 +125,11 @@ def test_throttled_storage_is_named(photos, tmp_path):
     group.mkdir()
     try:
         (group / "blkio.throttle.read_iops_device").write_text(f"{os.major(device)}:{os.minor(device)} 30")
-        command = ["bash", "-c", 'echo $$ > "$1"; shift; exec "$@"', "_", str(group / "cgroup.procs"),
-                   sys.executable, "-m", "stoker.cli", "doctor", str(data), "--quick", "--json", "--step-time", "0.01"]
+        # The doctor joins the throttled group once its modules are imported: the throttle is on the whole
+        # disk, and a machine that keeps little in its page cache would otherwise read torch at 30 reads/s
+        # (minutes of imports, none of them what the doctor measures)
+        command = [sys.executable, "-c", JOIN_GROUP_THEN_RUN, str(group / "cgroup.procs"),
+                   "doctor", str(data), "--quick", "--json", "--step-time", "0.01"]
         out = subprocess.run(command, capture_output=True, text=True, timeout=120)
     finally:
         group.rmdir()
@@ -526,6 +538,7 @@ def test_other_readers_of_the_disk_are_seen(tmp_path):
 
 
 def test_prove_runs_the_top_remedies_with_a_users_transform(photos):
+    before = set(Path(tempfile.gettempdir()).glob("stoker-doctor-*"))  # another process's are not ours
     report = doctor(photos, transform=CropThenSharpen(), step_time=0.01, batch_size=32, quick=True, prove=True)
     validate(report.to_dict())
     pack = report.sample_pack
@@ -540,7 +553,7 @@ def test_prove_runs_the_top_remedies_with_a_users_transform(photos):
     for proof in report.proof:
         assert proof.measured > 0 and proof.seconds > 0 and proof.expected <= 32 / 0.01
     assert "Proof: the top remedies run on the sample" in report.to_text()
-    assert not list(Path(tempfile.gettempdir()).glob("stoker-doctor-*"))  # the sample pack is removed
+    assert set(Path(tempfile.gettempdir()).glob("stoker-doctor-*")) <= before  # the sample pack is removed
 
 
 def test_special_files_in_a_folder_are_left_out_of_the_sample_not_read(photos, tmp_path):
