@@ -131,8 +131,8 @@ def choose(stages: Stages, bounds: Bounds, start: Settings) -> Settings:
     (where ``bounds.echo`` allows echoing at all)."""
     # The workers as if the bytes were in memory (a slow store would make any count look as good),
     # then the storage for those workers.
-    chosen = _cheapest(replace(stages, storage=None), bounds, start, _worker_options(bounds, start), "fresh")
-    chosen = _cheapest(stages, bounds, chosen, _storage_options(bounds, chosen), "fresh")
+    chosen = _cheapest(replace(stages, storage=None), bounds, start, worker_options(bounds, start), "fresh")
+    chosen = _cheapest(stages, bounds, chosen, storage_options(bounds, chosen), "fresh")
     return _cheapest(stages, bounds, chosen, [replace(chosen, echo=k) for k in _span(bounds.echo)], "rate")
 
 
@@ -147,8 +147,9 @@ def _cheapest(stages: Stages, bounds: Bounds, start: Settings, options: list[Set
     return next(settings for settings in allowed if rate[settings] >= (1 - CLOSE_ENOUGH) * best)
 
 
-def _worker_options(bounds: Bounds, start: Settings) -> list[Settings]:
-    """Threads, then worker processes of a few threads each, cheapest first (fewest workers)."""
+def worker_options(bounds: Bounds, start: Settings) -> list[Settings]:
+    """The workers ``bounds`` allow from ``start``: threads, then worker processes of a few
+    threads each, cheapest first (fewest workers)."""
     options = [replace(start, processes=0, threads=t) for t in _span(bounds.threads)] if bounds.processes[0] == 0 else []
     low, high = bounds.threads
     for processes in _span(bounds.processes):
@@ -158,8 +159,9 @@ def _worker_options(bounds: Bounds, start: Settings) -> list[Settings]:
     return sorted(options, key=lambda s: (s.workers, s.processes))
 
 
-def _storage_options(bounds: Bounds, start: Settings) -> list[Settings]:
-    """Read-ahead depths, reads in flight and part sizes (powers of two), least first."""
+def storage_options(bounds: Bounds, start: Settings) -> list[Settings]:
+    """The storage settings ``bounds`` allow from ``start``: read-ahead depths, reads in flight
+    and part sizes (powers of two), least first."""
     options = [replace(start, readahead=depth, reads_in_flight=k, part_bytes=part)
                for depth in _doublings(bounds.readahead) for k in _doublings(bounds.reads_in_flight)
                for part in _doublings(bounds.part_bytes)]
