@@ -158,6 +158,8 @@ LAYOUT = Choice("layout", ("NCHW", "NHWC", None))
 DECODE = Choice("decode", ("cpu", "gpu"))
 ON_ERROR = Choice("on_error", ("raise", "skip", None))
 MP_CONTEXT = Choice("mp_context", (*multiprocessing.get_all_start_methods(), None))
+TUNE = Choice("tune", (True, False))
+ECHO = Choice("echo", (None, "auto"))
 
 # ShardDataset(...) and ShardSet (no CLI options)
 BLOCK_BYTES = Range("block_bytes", "", 4 << 10, 1 << 30, unit="bytes")

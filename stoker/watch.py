@@ -203,7 +203,8 @@ def watch(loader: Iterable[T], every: int = 100, *, stall: float = 0.1, timeline
     Every ``every`` steps one line goes to ``log`` (default: logger "stoker.watch" at INFO; pass
     ``print`` to see it without configuring logging): the share of time spent waiting, ms per
     step, batches/s, and the waits longer than ``stall`` seconds, plus the wrapped loader's own
-    ``watch_note()`` when it has one (:func:`stoker.echo` reports its echoes so). ``timeline`` (.csv or .jsonl)
+    ``watch_note()`` when it has one (:func:`stoker.echo` reports its echoes so, stoker.Loader its
+    tuner's decisions). ``timeline`` (.csv or .jsonl)
     receives one row per step: step, start (s since this call), wait_s, step_s; it is
     flushed every window and completed when the loop ends, breaks or raises.
     """

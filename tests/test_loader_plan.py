@@ -30,11 +30,19 @@ def to_float(image: torch.Tensor) -> torch.Tensor:
     return image.float()
 
 
-def test_images_left_to_choose_decode_natively_on_threads_that_measure_the_first_pass():
+def test_images_left_to_choose_decode_natively_on_threads_the_tuner_starts_from():
     plan = plan_loader(IMAGES, Options(), EIGHT)
     assert (plan.decode, plan.augment, plan.layout, plan.crop) == ("native", "none", "NCHW", CropSpec())
-    assert plan.measuring and (plan.workers.processes, plan.workers.threads) == (0, 9)
+    assert not plan.measuring and (plan.workers.processes, plan.workers.threads) == (0, 9)
+    assert plan.bounds is not None and plan.bounds.free("threads") and plan.bounds.free("processes")
+    assert "until the tuner measures them" in plan.workers.reason and "tuned while it runs" in plan.explain("h", "n")
+
+
+def test_without_the_tuner_threads_measure_the_first_pass():
+    plan = plan_loader(IMAGES, Options(tune=False), EIGHT)
+    assert plan.measuring and plan.bounds is None and (plan.workers.processes, plan.workers.threads) == (0, 9)
     assert "threads until the first batches are measured" in plan.workers.reason
+    assert "fixed: tune=False" in plan.explain("head", "next")
 
 
 @pytest.mark.parametrize(("data", "options", "here", "why"), [
@@ -69,15 +77,15 @@ def test_a_callable_transform_runs_per_sample_after_the_native_decode():
 
 
 def test_a_measured_first_pass_makes_a_new_plan_and_changes_nothing_else():
-    first = plan_loader(IMAGES, Options(), Machine(16))
+    first = plan_loader(IMAGES, Options(tune=False), Machine(16))
     after = first.measured(2.6, 0.5)  # the GIL-bound case of workers.choose_workers: 7 processes of 4 threads
     assert first.measuring and first.workers.processes == 0  # the first plan is as it was
     assert not after.measuring and (after.workers.processes, after.workers.threads) == (7, 4)
-    assert dataclasses.replace(after, workers=first.workers, measuring=True) == first
+    assert dataclasses.replace(after, settings=first.settings, why_workers=first.why_workers, measuring=True) == first
     assert "7 processes x 4 threads" in after.explain("head", "next")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        after.workers = first.workers  # type: ignore[misc]
-    fetched = plan_loader(Description(fetched_per_process=True), Options(), Machine(16)).measured(2.6, 0.5)
+        after.settings = first.settings  # type: ignore[misc]
+    fetched = plan_loader(Description(fetched_per_process=True), Options(tune=False), Machine(16)).measured(2.6, 0.5)
     assert fetched.workers.processes == 0 and "object store" in fetched.workers.reason
 
 

@@ -1,5 +1,6 @@
-"""The Loader's choice of worker processes and threads: the rule on given figures, and a real Loader
-that measures its first batches, then switches (or not) from its next pass on."""
+"""The Loader's choice of worker processes and threads without its tuner (tune=False): the rule on
+given figures, and a real Loader that measures its first batches, then switches (or not) from its
+next pass on."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _pass(loader: stoker.Loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_on_few_cores_the_loader_keeps_its_threads(packed, monkeypatch):
     monkeypatch.setattr(plan_module, "available_cores", lambda: 2)
-    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC)
+    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC, tune=False)
     assert "threads until the first batches are measured" in loader.explain()
     _pass(loader)
     _pass(loader)
@@ -62,7 +63,7 @@ def test_the_choice_made_from_the_first_batches_runs_the_next_pass_with_the_same
         return choose_workers(4, threads, 1.0, 0.5)  # the GIL-bound case: 4 processes of 2 threads
 
     monkeypatch.setattr(plan_module, "choose_workers", rule)
-    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC, seed=4)
+    loader = stoker.Loader(stoker.ShardDataset(packed), 8, crop=SPEC, seed=4, tune=False)
     first = _pass(loader)
     second = _pass(loader)
     [(cores, threads, cores_used, waited)] = asked

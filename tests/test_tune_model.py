@@ -119,3 +119,9 @@ def test_what_a_default_loader_would_choose():
     capped = Stages(cores=16, per_core=500, storage=Source(0.02, 10e6), remote=True, image_bytes=100e3)
     settings, made = loader_choice(capped)
     assert settings.reads_in_flight > 16 and made.rate > predict(capped, loader_start(16)).rate
+
+
+def test_a_transform_measured_apart_adds_its_cost_per_image():
+    """The doctor measures decode and transform per core apart: one image costs both on a core."""
+    made = predict(Stages(cores=4, per_core=500, transform_per_core=500), Settings(threads=5))
+    assert made.rate == pytest.approx(1000) and made.bottleneck == "cpu"

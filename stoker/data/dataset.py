@@ -18,7 +18,7 @@ from stoker.data.skips import Skips
 from stoker.errors import CorruptDataError, OptionError, StokerError
 from stoker.format.manifest import complete_classes
 from stoker.sources.kinds import described
-from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT
+from stoker.storage.remote import DEFAULT_READ_TIMEOUT
 from stoker.storage.settings import StorageSettings
 
 
@@ -59,7 +59,8 @@ class ShardDataset(torch.utils.data.Dataset):
     shorter than that is ridden out; ``inf``: for ever), then a RemoteError names the object, range
     and attempts.
     ``reads_in_flight`` ranged reads run at once per process, ahead of the order, and as parts of
-    each whole shard the node cache downloads (``stoker doctor URL`` measures how many fill the link).
+    each whole shard the node cache downloads (``stoker doctor URL`` measures how many fill the link;
+    default 16, which a stoker.Loader tunes while it reads: a number given is kept).
 
     ``cache_dir`` (``/dev/shm/stoker``, a local SSD folder) keeps whole shards on the node, at
     most ``cache_limit`` bytes (default: half the free space there), shared by every worker and
@@ -91,7 +92,7 @@ class ShardDataset(torch.utils.data.Dataset):
         cache_limit: int | None = None,
         cache_ahead: int | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
-        reads_in_flight: int = DEFAULT_PARALLEL,
+        reads_in_flight: int | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise OptionError(f"ShardDataset takes the path or URL of a packed stoker data set, got {described(path)}; "

@@ -312,14 +312,19 @@ class MixLookahead:
         self.mix = mix
         source_of = mix.source_of(order)
         self.positions = [np.flatnonzero(source_of == i) for i in range(len(mix.sources))]
+        self.window, self.windows = window, mix.windows(window)
         self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here)
-                      for i, (s, b, w, p) in enumerate(zip(mix.sources, mix.bounds(), mix.windows(window),
-                                                           self.positions))]
+                      for i, (s, b, w, p) in enumerate(zip(mix.sources, mix.bounds(), self.windows, self.positions))]
 
     def advance(self, position: int) -> None:
         """The reader is about to read ``order[position:]``: each source from its own position."""
         for part, mine in zip(self.parts, self.positions):
             part.advance(int(np.searchsorted(mine, position)))
+
+    def set_depth(self, blocks: int) -> None:
+        """Read ``blocks`` blocks ahead from now on, each source in proportion to its own window."""
+        for part, window in zip(self.parts, self.windows):
+            part.set_depth(max(1, round(blocks * window / self.window)))
 
     def arrival_order(self, indices: np.ndarray) -> np.ndarray:
         """Positions of ``indices`` in the order their bytes arrive: each source's in its own

@@ -5,6 +5,8 @@ resume state records."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from stoker.data.dataset import ShardDataset
@@ -12,6 +14,7 @@ from stoker.data.epoch import BlockOrder, Order
 from stoker.data.mix import ClipSet, Mix
 from stoker.data.mix_plan import MixOrder
 from stoker.data.readahead import Lookahead, ReadsAhead, block_bounds_of, open_blocks
+from stoker.storage.remote import RemoteData
 
 Readable = ShardDataset | ClipSet | Mix
 
@@ -48,6 +51,31 @@ def fetches_per_process(dataset: Readable) -> bool:
     that reads (a source at a URL without a node cache, which processes would share)."""
     sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
     return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
+
+
+def storage_of(dataset: Readable) -> Storage:
+    """Where ``dataset``'s bytes come from, as the Loader's tuner needs it (see :class:`Storage`)."""
+    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
+    remotes = [s.shards.remote for s in sources if s.shards.remote is not None]
+    given = [n for s in sources if (n := s.shards.settings.reads_in_flight) is not None]
+    stored = sum(entry.bytes for s in sources for entry in s.shards.manifest.shards)
+    samples = sum(len(s.shards) for s in sources)
+    return Storage(remotes, any(s.shards.cache is not None for s in sources), min(given, default=None),
+                   stored / max(1, samples), max(s.shards.block_bytes for s in sources))
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a data set's bytes come from: the object stores it reads (``remotes``, a
+    :class:`RemoteData` each), whether a node cache stages its shards (``cached``), the reads in
+    flight its ShardDatasets were given (None: left to tune), the mean stored bytes of a sample
+    and the bytes of a block of its order."""
+
+    remotes: list[RemoteData]
+    cached: bool
+    reads_in_flight: int | None
+    sample_bytes: float
+    block_bytes: int
 
 
 def identity_of(dataset: Readable) -> tuple[str, str | None]:

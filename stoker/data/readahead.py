@@ -51,8 +51,8 @@ class BlockReadahead:
         self.shards = shards
         self.bounds = bounds
         self.blocks, self.first_needed = block_schedule(bounds, order)
-        mean_block_samples = max(1, int(bounds[-1]) // max(1, len(bounds) - 1))
-        self.ahead = window * mean_block_samples
+        self._block_samples = max(1, int(bounds[-1]) // max(1, len(bounds) - 1))  # on average
+        self.ahead = window * self._block_samples
         self._next = 0
         # (shard, first, last) of the latest blocks read ahead from an object store: all that may still be queued.
         self._hinted_remote: deque[tuple[int, int, int]] = deque(maxlen=_CANCELLABLE)
@@ -72,6 +72,10 @@ class BlockReadahead:
             if self.shards.remote is not None:
                 self._hinted_remote.append((shard, local, local + (stop - start) - 1))
             self._next += 1
+
+    def set_depth(self, blocks: int) -> None:
+        """From now on hint about ``blocks`` blocks' worth of samples ahead (the Loader's tuner)."""
+        self.ahead = blocks * self._block_samples
 
     def close(self) -> None:
         """Drop the blocks read ahead from an object store that are not yet fetched (a loop that left
@@ -100,6 +104,9 @@ class ReadsAhead(Protocol):
     def arrival_order(self, indices: np.ndarray) -> np.ndarray:
         """Positions of ``indices`` in the order their bytes arrive."""
 
+    def set_depth(self, blocks: int) -> None:
+        """Read about ``blocks`` blocks ahead from now on."""
+
     def close(self) -> None:
         """Stop staging."""
 
@@ -127,6 +134,11 @@ class Lookahead:
             self.stager.advance(position)
         if self.blocks is not None:
             self.blocks.advance(position)
+
+    def set_depth(self, blocks: int) -> None:
+        """Hint about ``blocks`` blocks ahead from now on (the stager keeps its own ``cache_ahead``)."""
+        if self.blocks is not None:
+            self.blocks.set_depth(blocks)
 
     def arrival_order(self, indices: np.ndarray) -> np.ndarray:
         """Positions of ``indices`` in the order their bytes arrive (see :meth:`BlockReadahead.arrival_order`)."""

@@ -24,7 +24,8 @@ class RemoteRanges:
 
     An order that reads ahead (:class:`stoker.data.readahead.BlockReadahead`, hinting each block
     about a window before it is needed) makes :meth:`readahead` queue the block's bytes as ranged
-    GETs of :data:`_PART_BYTES` each, ``RemoteData.parallel`` in flight per process, in the order
+    GETs of :data:`_PART_BYTES` each (``RemoteData.part_bytes`` where the Loader's tuner set it),
+    ``RemoteData.parallel`` in flight per process, in the order
     the blocks are needed; a read waits only for the parts its member lies in, and a block is
     dropped once each of its samples was read (or after :data:`_REMOTE_SPANS` newer ones). Without
     hints, as :class:`stoker.data.local_file.LocalFile` does for a disk, a second read inside the
@@ -111,7 +112,8 @@ class RemoteRanges:
         with self._lock:
             if start in self._spans or end <= start:
                 return
-            parts = [(a, min(a + _PART_BYTES, end)) for a in range(start, end, _PART_BYTES)]
+            step = self.remote.part_bytes or _PART_BYTES
+            parts = [(a, min(a + step, end)) for a in range(start, end, step)]
             span = _Span(first, last, start, end,
                          [(a, b, self.remote.prefetch(self.entry.name, a, b)) for a, b in parts])
             self._spans[start] = span

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stoker.counters import TICKS, busy_cpu_seconds, own_read_bytes
 from stoker.doctor.numbers import rounded
 
 _SECTOR = 512
@@ -29,7 +30,6 @@ SHARED_BYTES = 1 << 20
 SHARED_SHARE = 0.1
 # Other processes count as sharing the CPU past this many cores' worth of it.
 SHARED_CORES = 0.25
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -104,17 +104,6 @@ def device_read_bytes(device: str | None) -> int:
     return int(fields[5]) * _SECTOR if fields else 0
 
 
-def own_read_bytes() -> int:
-    """Bytes this process (all its threads) caused to be read from storage (``read_bytes``)."""
-    try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _diskstats_line(device: str) -> list[str] | None:
     try:
         lines = Path("/proc/diskstats").read_text().splitlines()
@@ -179,23 +168,6 @@ class CpuWatch:
         return CpuShare(len(self.cpus), seconds, own, other)
 
 
-def busy_cpu_seconds(cpus: list[int]) -> float | None:
-    """Seconds the ``cpus`` have been busy since boot (user, nice, system, interrupts and the time
-    a hypervisor gave to another machine), from /proc/stat; None where it is not readable."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return None
-    wanted = {f"cpu{k}" for k in cpus}
-    ticks = 0
-    for line in lines:
-        fields = line.split()
-        if fields and fields[0] in wanted:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-            ticks += user + nice + system + irq + softirq + steal
-    return ticks / _TICKS
-
-
 def own_cpu_seconds() -> float:
     """CPU seconds of this process and its descendants, live (threads included) or reaped."""
     stats = _process_stats()
@@ -210,7 +182,7 @@ def own_cpu_seconds() -> float:
         pid = todo.pop()
         ticks += stats[pid][1] if pid in stats else 0
         todo += children.get(pid, [])
-    return ticks / _TICKS
+    return ticks / TICKS
 
 
 def _process_stats() -> dict[int, tuple[int, int]]:

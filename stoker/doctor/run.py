@@ -22,6 +22,7 @@ import numpy as np
 import torch.utils.data
 from tqdm import tqdm
 
+from stoker.counters import available_memory
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
@@ -94,7 +95,7 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
         if target.remote:
             bounds, fetch_seconds = _REMOTE[quick]
             remote = probe_remote(target, bounds)
-            remote.stage = propose_cache(remote.mean_item_bytes * target.num_samples, _available_ram(),
+            remote.stage = propose_cache(remote.mean_item_bytes * target.num_samples, available_memory(),
                                          str(ssd) if ssd else None) if target.kind == "packed" else None
             probed, fetched = fetch_sample(target, Path(scratch) / "sample", remote.reads_in_flight, fetch_seconds)
             notes += fetched
@@ -215,7 +216,7 @@ def _figures(target: Target, storage: StorageReport | None, remote: RemoteReport
         source=target.description, loose=target.loose, cores=cores, batch_size=batch_size, size=size,
         step_time=step_time, transform_per_core=transform_rate, loader_rate=best.images_per_s,
         loader_workers=best.workers, loader_other_cores=_other_cores(best),
-        available_ram_bytes=_available_ram(), ssd_path=str(ssd) if ssd else None,
+        available_ram_bytes=available_memory(), ssd_path=str(ssd) if ssd else None,
         user_transform=user_transform)
     if decode is None or pack is None or (storage is None and remote is None):
         return Figures(**common, storage_rate=inf, storage_concurrency=0, sequential_rate=None, decode_per_core=inf,
@@ -257,14 +258,3 @@ def _loader_run(row: LoaderRow | None) -> LoaderRun | None:
 def _other_cores(row: LoaderRow) -> float:
     """The cores' worth of CPU other processes took while ``row`` was timed (0 where unmeasured)."""
     return (row.cpu.other_cores or 0.0) if row.cpu else 0.0
-
-
-def _available_ram() -> float:
-    """MemAvailable from /proc/meminfo, in bytes (0 where unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0.0

@@ -27,7 +27,7 @@ import numpy as np
 from stoker.echo.examples import ExampleBuffer, batch_size, examples_in, flatten
 from stoker.state import COUNT, SECONDS, StateError, Stateful, checked, load_state_of, read_state, record, set_epoch_of, state_of
 
-_END = object()
+END = object()  # what Upstream gives after the last batch
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,10 @@ class Echo:
         batches = iter(self.loader)  # here, not in the upstream thread: the pass starts where the loader says now
         self._consumed_state = state_of(self.loader, 0) if self._stateful else None
         self._fresh_in_pass = 0
-        upstream = _Upstream(batches, self.loader, self.prefetch, self._stateful)
+        upstream = Upstream(batches, self.loader, self.prefetch, self._stateful)
         del batches  # the thread's alone: when it stops, the loader's pass ends (its threads stop)
         finished = False
-        memory = _Memory(self.mode, self.buffer_batches, self.rng, self.limit, strict=not self.adaptive)
+        memory = EchoMemory(self.mode, self.buffer_batches, self.rng, self.limit, strict=not self.adaptive)
         clock = time.perf_counter
 
         def give(batch: Any, fresh: bool) -> Iterator[Any]:
@@ -168,7 +168,7 @@ class Echo:
                     asked = clock()
                     item = upstream.get()
                     self._wait_s += clock() - asked
-                if item is _END:
+                if item is END:
                     break
                 item, self._consumed_state = item
                 self._fresh_in_pass += examples_in(item)
@@ -186,15 +186,12 @@ class Echo:
             if not finished:
                 upstream.join()  # it lets go of the loader's pass before another can start
 
-    def _echo(self, memory: _Memory) -> Any | None:
+    def _echo(self, memory: EchoMemory) -> Any | None:
         """An echoed batch, when the limits allow one."""
-        n = memory.last_size
         fresh, echoed = self._counts[2], self._counts[3]
-        if n == 0 or fresh < self.min_fresh_fraction * (fresh + echoed + n):
+        if fresh < self.min_fresh_fraction * (fresh + echoed + memory.last_size):
             return None
-        if memory.available() < n:
-            return None
-        return memory.draw()
+        return memory.echo()
 
     def _serve(self, batch: Any, fresh: bool) -> Any:
         """Count ``batch``, apply the transform (after echoing: each echo gets fresh augmentation)."""
@@ -204,7 +201,7 @@ class Echo:
         return self.transform(batch) if self.transform is not None else batch
 
 
-class _Memory:
+class EchoMemory:
     """Recent fresh batches: their examples (example mode) or the whole batches (batch mode), with
     how often each was served. Examples may be served ``limit`` times; with ``strict`` (a fixed
     factor) nothing is dropped before it has been, so every example is served exactly that often."""
@@ -237,6 +234,12 @@ class _Memory:
             return sum(1 for _, served in self.batches if served < self.limit)
         return self.examples.available(self.limit) if self.examples is not None else 0
 
+    def echo(self) -> Any | None:
+        """An echo in place of a fresh batch that is not ready (the adaptive policy): a batch the
+        size of the latest fresh one, where that many examples may still be served; else None."""
+        n = self.last_size
+        return self.draw() if n and self.available() >= n else None
+
     def draw(self) -> Any | None:
         """An echoed batch, or None when nothing may be served again."""
         if self.mode == "batch":
@@ -249,7 +252,7 @@ class _Memory:
         return self.examples.draw(self.last_size, self.limit) if self.examples is not None else None
 
 
-class _Upstream:
+class Upstream:
     """A thread that pulls fresh batches of one pass (``batches``, an iterator over ``loader``) into
     a bounded queue, each with the loader's state right after it (``stateful`` loaders; else None),
     taken in this thread where the loader is paused at that batch."""
@@ -292,7 +295,7 @@ class _Upstream:
                 state = loader.state_dict() if self._stateful else None  # type: ignore[attr-defined]
                 if not self._put(("batch", (batch, state))):
                     return
-            self._put(("batch", _END))
+            self._put(("batch", END))
         except BaseException as e:  # noqa: BLE001 -- handed to the consumer, raised there
             self._put(("error", e))
 

@@ -14,7 +14,7 @@ import torch
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix, is_clip_set
-from stoker.data.readable import fetches_per_process
+from stoker.data.readable import fetches_per_process, storage_of
 from stoker.errors import OptionError
 from stoker.loader.crops import CropSpec
 from stoker.loader.plan import Description
@@ -33,7 +33,9 @@ def describe(dataset: Any) -> Description:
     if dataset.transform is not None or getattr(dataset, "target_transform", None) is not None:
         raise OptionError("Loader decodes and crops itself and runs per-sample transforms after the crop: "
                           "pass Loader(transform=...) and a data set without transform/target_transform")
-    return Description(clips, isinstance(dataset, Mix), dataset.layout if clips else None, fetches_per_process(dataset))
+    storage = storage_of(dataset)
+    return Description(clips, isinstance(dataset, Mix), dataset.layout if clips else None, fetches_per_process(dataset),
+                       bool(storage.remotes), storage.reads_in_flight, storage.cached)
 
 
 def _refusal(dataset: Any) -> str:

@@ -11,6 +11,7 @@ follows one batch from the plan to the pixels.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,9 +23,10 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import EpochPlan, Order
 from stoker.data.mix import Mix
 from stoker.data.passes import Passes, PassesReader
-from stoker.data.readable import reads_ahead
+from stoker.data.readable import reads_ahead, storage_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
+from stoker.errors import OptionError
 from stoker.loader.arguments import check_crop, check_transform, describe, device_of
 from stoker.loader.batches import BatchMaker, Made, OnError, SampleTransform
 from stoker.loader.buffers import BatchRing
@@ -35,9 +37,13 @@ from stoker.loader.opencv_threads import with_one_opencv_thread
 from stoker.loader.plan import Options, machine, plan_loader
 from stoker.loader.process_batches import WorkerProcesses
 from stoker.loader.sampler_views import LoaderBatchSampler, LoaderSampler
+from stoker.loader.served import ServedBatches
 from stoker.loader.thread_batches import made_in_threads
-from stoker.loader.workers import FirstBatches, WorkerChoice
-from stoker.ranges import DECODE, EPOCH, LAYOUT, MP_CONTEXT, ON_ERROR, ORDER, PREFETCH, PROCESSES, THREADS
+from stoker.loader.tuning import Tuning, batch_bytes
+from stoker.loader.workers import WorkerChoice
+from stoker.ranges import DECODE, ECHO, EPOCH, LAYOUT, MP_CONTEXT, ON_ERROR, ORDER, PREFETCH, PROCESSES, THREADS, TUNE
+from stoker.tune.settings import ECHO_BATCHES
+from stoker.tune.tuner import Decision
 
 if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset
@@ -56,10 +62,10 @@ class Loader(PassesReader):
     :class:`CropSpec`; default RandomResizedCrop to 224x224 with flips), cropped, resized and
     flipped straight into the batch by ``threads`` threads, or by ``processes`` worker processes of
     ``threads`` each (``mp_context``: ``fork``, ``spawn`` or ``forkserver``). Given neither, threads
-    (one more than the cores) for the first pass, then what that pass measured (workers.py;
-    ``workers`` says which and why). ``decode="gpu"``: the threads read bytes and nvJPEG decodes
-    and crops each batch on ``device`` (default: this rank's GPU; the ``gpu`` extra). Every such
-    decision is made once, in the Loader's plan (stoker/loader/plan.py); :meth:`explain` says it.
+    (one more than the cores), then what the tuner finds (``workers`` says which and why).
+    ``decode="gpu"``: the threads read bytes and nvJPEG decodes and crops each batch on ``device``
+    (default: this rank's GPU; the ``gpu`` extra). Every such decision is in the Loader's plan
+    (stoker/loader/plan.py; a tuner's decision makes a new one); :meth:`explain` says it.
 
     ``transform``: a torchvision pipeline (v1, v2, timm's) gives the batches it gives through a
     DataLoader over ImageFolder: its leading geometry fused into the decode, the stoker.augment ops
@@ -81,7 +87,15 @@ class Loader(PassesReader):
     a batch at a time; ``drop_last`` drops a short last global batch; rank 0's state resumes every
     rank, on any world size (docs/distributed.md). ``on_error`` (default: the data set's):
     ``raise`` a CorruptDataError naming shard and key, or ``skip`` to the next readable sample
-    (counted in ``skipped``). The user guide's section 5 says all of it at length.
+    (counted in ``skipped``).
+
+    ``tune`` (default True): the Loader measures itself while it runs and, at batch boundaries,
+    changes its threads or worker processes, ``prefetch``, the blocks read ahead and an object
+    store's reads in flight and their size, keeping a change only when measured faster
+    (stoker/tune, loader/tuning.py; ``decisions`` and :meth:`explain` list them, stoker.watch shows
+    them); arguments given are kept as given, and no batch changes. ``echo="auto"``: the tuner may
+    also serve echoes of recent batches while no fresh one is ready, once nothing else helps. The
+    user guide's section 5 says all of it at length.
     """
 
     def __init__(
@@ -92,7 +106,7 @@ class Loader(PassesReader):
         crop: CropSpec | None = None,
         order: Order = "quasi_random",
         threads: int | None = None,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         seed: int | None = None,
         start_epoch: int = 0,
         drop_last: bool = False,
@@ -106,21 +120,29 @@ class Loader(PassesReader):
         mp_context: str | None = None,
         decode: Literal["cpu", "gpu"] = "cpu",
         on_error: OnError | None = None,
+        tune: bool = True,
+        echo: Literal["auto"] | None = None,
     ) -> None:
         data = describe(dataset)  # first: anything the Loader cannot read is refused, saying so
         self.dataset, self.order, self.decode = dataset, ORDER.check(order), DECODE.check(decode)
-        self.transform, self.prefetch = check_transform(transform), PREFETCH.check(prefetch)
+        self.transform = check_transform(transform)
         self.on_error: OnError = ON_ERROR.check(on_error) or getattr(dataset, "on_error", "raise")
+        self.tune, self.echo = TUNE.check(tune), ECHO.check(echo)
+        if echo is not None and not tune:
+            raise OptionError("echo='auto' lets the tuner echo batches while the input lags: it needs tune=True")
         options = Options(check_crop(crop), transform, None if threads is None else THREADS.check(threads),
                           None if processes is None else PROCESSES.check(processes), self.decode, device_of(device),
-                          LAYOUT.check(layout), self.on_error)
+                          LAYOUT.check(layout), self.on_error, None if prefetch is None else PREFETCH.check(prefetch),
+                          tune, echo, window, hints=self.order != "random")
         self.mp_context = MP_CONTEXT.check(mp_context)
-        # Every decision about the passes, once (plan.py); a measured first pass replaces it (_pass).
+        # Every decision about the passes (plan.py); the tuner's decisions, or with tune=False a
+        # measured first pass, replace it with a new one.
         self._plan = plan_loader(data, options, machine(self.decode))
         self.crop, self.layout, self.device = self._plan.crop, self._plan.layout, self._plan.device
         if self.decode == "cpu":
             warn_fallback_once()  # JPEGs decoded whole: the region-decode extension is missing here
-        self._first_batches = FirstBatches() if self._plan.measuring else None
+        self._tuning: Tuning | None = None  # made on the first pass, which knows a batch's bytes
+        self._noted: set[Decision] = set()  # the decisions stoker.watch has shown
         self.skipped = 0  # damaged samples skipped so far, in all passes
         self._ring: BatchRing | None = None  # the batch buffers, made on the first pass
         self._workers: WorkerProcesses | None = None  # with processes: kept from one whole pass to the next
@@ -138,6 +160,16 @@ class Loader(PassesReader):
     def workers(self) -> WorkerChoice:
         """The worker processes and threads the next pass runs, and why: the plan's."""
         return self._plan.workers
+
+    @property
+    def prefetch(self) -> int:
+        """The batches the next one made ahead of the loop (the plan's settings: given, or tuned)."""
+        return self._plan.settings.prefetch
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """The tuner's latest decisions, each with the measurement behind it (explain() lists them)."""
+        return self._plan.decisions
 
     @property
     def processes(self) -> int:
@@ -206,52 +238,111 @@ class Loader(PassesReader):
 
     def _pass(self, number: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Pass ``number``'s batches: from where the cursor is when its first batch is asked for."""
-        if self._first_batches is not None and self._first_batches.result is not None:
-            self._plan = self._plan.measured(*self._first_batches.result)  # the choice measured: a new plan
-            self._first_batches = None
+        tuning = self._tuning
+        if tuning is not None and tuning.first_pass is not None and self._plan.measuring:
+            self._plan = self._plan.measured(*tuning.first_pass)  # tune=False: the choice measured, a new plan
             _log.info("stoker.Loader: %s (%s)", self.workers.describe(), self.workers.reason)
         plan = self._passes.start(number)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
                             reads_here=self.processes == 0)
+        ahead.set_depth(self._plan.settings.readahead)
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
-        maker, route = engine_for(self._plan, self.dataset, self.seed, plan.batches, self.on_error), self._plan
-        make = self._in_processes if self.processes > 0 else self._in_threads
-        batches = with_one_opencv_thread(make(maker, plan, hints, ahead))  # the pass runs its own threads
+        maker = engine_for(self._plan, self.dataset, self.seed, plan.batches, self.on_error)
+        if tuning is None:
+            tuning = self._tuning = Tuning(self._plan, storage_of(self.dataset),
+                                           batch_bytes(self._rows(), maker.buffer_shape()))
+        made = with_one_opencv_thread(self._made(maker, plan, hints, ahead))  # the pass runs its own threads
+        served = ServedBatches(made, lambda: self._plan.settings.echo, self.seed + plan.epoch, self)
         try:
-            for batch, (images, labels), skipped in batches:
-                self.skipped += skipped
-                self._passes.progress(number, plan, batch + 1)
-                yield deliver(route, images, labels, self.seed, maker.augment_step(plan.epoch, batch))
+            while True:
+                asked = time.perf_counter()
+                batch = served.next()
+                if batch is None:
+                    break
+                if batch.made is not None:
+                    number_in_pass, (images, labels), skipped = batch.made
+                    self.skipped += skipped
+                    self._passes.progress(number, plan, number_in_pass + 1)
+                    delivered = deliver(self._plan, images, labels, self.seed,
+                                        maker.augment_step(plan.epoch, number_in_pass))
+                    served.keep(delivered)
+                else:
+                    assert batch.echo is not None
+                    delivered = batch.echo
+                self._plan = tuning.served(self._plan, len(delivered[1]), batch.made is not None,
+                                           time.perf_counter() - asked, ahead)
+                yield delivered
             if self._passes.latest(number):
                 self._passes.cursor.next_epoch()
         finally:
-            batches.close()  # stops the threads or worker processes now, not when collected
+            served.close()
+            made.close()  # stops the threads or worker processes now, not when collected
             hints.shutdown(wait=True, cancel_futures=True)
             ahead.close()
 
+    def _made(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
+              ahead: ReadsAhead) -> Generator[Made, None, None]:
+        """The pass's batches in order, in runs: each made by threads or by worker processes as the
+        plan says when the run starts; a decision for the other (or, with processes, for other
+        counts) ends the run after the batches it handed out, and the next run makes the rest."""
+        start = 0
+        while start < len(plan.batches):
+            numbers = range(start, len(plan.batches))
+            if self._plan.settings.processes:
+                run = self._in_processes(maker, plan, hints, ahead, numbers)
+            else:
+                if self._workers is not None and not self._workers.running:
+                    self._workers.close()  # back to threads: the worker processes are let go
+                    self._workers = None
+                run = self._in_threads(maker, plan, hints, ahead, numbers)
+            for made in run:
+                start = made[0] + 1
+                yield made
+
     def watch_note(self) -> str:
-        """For :func:`stoker.watch`'s lines: the damaged samples skipped, when there were any."""
-        return f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped" if self.skipped else ""
+        """For :func:`stoker.watch`'s lines: the tuner's decisions since the last line (each with
+        the measurement behind it), and the damaged samples skipped, when there were any."""
+        notes = [f"tuner: {decision.describe()}" for decision in self._plan.decisions if decision not in self._noted]
+        self._noted = set(self._plan.decisions)
+        if self.skipped:
+            notes.append(f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped")
+        return "; ".join(notes)
 
-    def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                    ahead: ReadsAhead) -> Generator[Made, None, None]:
-        """Batches made by this process's threads (thread_batches.py), into the ring's buffers."""
+    def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor, ahead: ReadsAhead,
+                    numbers: range) -> Generator[Made, None, None]:
+        """Batches ``numbers`` made by this process's threads (thread_batches.py), into the ring's
+        buffers: room for as many batches ahead as the tuner may ask, and the batches echoes are
+        drawn from (buffers are made only when first needed)."""
+        assert self._tuning is not None
         if self._ring is None:  # (decode="gpu": buffers of no bytes, its pixels are made on the GPU)
-            self._ring = BatchRing((self._rows(), *maker.buffer_shape()), self.prefetch + 1)
-        return made_in_threads(maker, plan, hints, ahead, ring=self._ring, threads=self.threads,
-                               prefetch=self.prefetch, batch_size=self.batch_size, first_batches=self._first_batches)
+            most = self._tuning.most_prefetch or self.prefetch
+            # With echoes: the batches they are drawn from, the one handed to the loop's thread and the one kept next.
+            echoes = ECHO_BATCHES + 2 if self._plan.bounds is not None and self._plan.bounds.free("echo") else 0
+            self._ring = BatchRing((self._rows(), *maker.buffer_shape()), most + 1 + echoes)
+        return made_in_threads(maker, plan, hints, ahead, ring=self._ring, numbers=numbers, batch_size=self.batch_size,
+                               settings=lambda: self._plan.settings, meter=self._tuning.meter)
 
-    def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor,
-                      ahead: ReadsAhead) -> Generator[Made, None, None]:
-        """Batches made by ``processes`` worker processes into a shared ring (process_batches.py),
-        kept from one whole pass to the next while they make batches this way."""
+    def _in_processes(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor, ahead: ReadsAhead,
+                      numbers: range) -> Generator[Made, None, None]:
+        """Batches ``numbers`` made by worker processes into a shared ring (process_batches.py),
+        kept from one whole pass to the next while they make batches this way, until the plan asks
+        for other counts."""
+        assert self._tuning is not None
+        settings = self._plan.settings
         workers = self._workers = WorkerProcesses.for_pass(self._workers, maker, self.batch_size, self._rows(),
-                                                           self.processes, self.threads, self.prefetch, self.mp_context)
-        hints.submit(ahead.advance, 0)
-        for batch, made, skipped in workers.batches(plan.epoch, plan.share, range(len(plan.batches))):
+                                                           settings.processes, settings.threads, settings.prefetch,
+                                                           self.mp_context)
+        same = (settings.processes, settings.threads, settings.prefetch)
+
+        def keep_going() -> bool:
+            now = self._plan.settings
+            return (now.processes, now.threads, now.prefetch) == same
+
+        hints.submit(ahead.advance, numbers.start * self.batch_size)
+        for batch, made, skipped in workers.batches(plan.epoch, plan.share, numbers, keep_going, self._tuning.meter):
             hints.submit(ahead.advance, (batch + workers.queued) * self.batch_size)
             yield batch, made, skipped
 

@@ -29,9 +29,10 @@ them at once, and nothing of it is left in flight.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 from stoker.errors import StokerError
 from stoker.loader.batches import BatchMaker, Made, part_positions
 from stoker.loader.buffers import BatchRing
+from stoker.loader.meter import Meter
 from stoker.loader.opencv_threads import one_opencv_thread_in_worker
 
 
@@ -68,6 +70,12 @@ class Part:
     skipped: int = 0
     images: torch.Tensor | None = None
     error: StokerError | None = None
+    busy_s: float = 0.0  # the worker's threads' wall seconds making it, summed
+    cpu_s: float = 0.0  # the worker process's CPU seconds meanwhile
+
+
+def _always() -> bool:
+    return True
 
 
 class _Work(Dataset):
@@ -78,10 +86,12 @@ class _Work(Dataset):
         self._own: BatchRing | None = None  # pixels that never leave the worker (made in it, not pickled)
 
     def __getitem__(self, task: Task) -> Part:
+        wall, cpu = time.perf_counter(), time.process_time()
         try:
-            return self._make(task)
+            part = self._make(task)
         except StokerError as e:
             return Part(None, error=e)
+        return replace(part, busy_s=(time.perf_counter() - wall) * self.threads, cpu_s=time.process_time() - cpu)
 
     def _make(self, task: Task) -> Part:
         if task.slot is not None:
@@ -124,9 +134,12 @@ class _Tasks:
         self.epoch, self.batch_size = 0, 1
         self.share, self.numbers = np.zeros(0, np.int64), range(0)
         self.pending: deque[_Pending] = deque()
+        self.keep_going: Callable[[], bool] = _always
 
     def __iter__(self) -> Iterator[Task]:
         for number in self.numbers:
+            if not self.keep_going():  # the tuner changed how batches are made: the pass's next run makes the rest
+                return
             indices = self.share[number * self.batch_size : (number + 1) * self.batch_size]
             slot = self.ring.free() if self.ring is not None else None
             parts = 1 if slot is None else min(self.processes, len(indices))
@@ -172,12 +185,16 @@ class WorkerProcesses:
             kept.close()
         return cls(*settings)
 
-    def batches(self, epoch: int, share: np.ndarray, numbers: range) -> Generator[Made, None, None]:
-        """Batches ``numbers`` of ``epoch`` (whose samples are ``share``), in order. Left early, the
-        workers stop (:meth:`close`); at the pass's end they wait for the next."""
+    def batches(self, epoch: int, share: np.ndarray, numbers: range, keep_going: Callable[[], bool],
+                meter: Meter) -> Generator[Made, None, None]:
+        """Batches ``numbers`` of ``epoch`` (whose samples are ``share``), in order, until
+        ``keep_going()`` says no before one is handed out (then the ones handed out; the workers
+        wait). Left early, the workers stop (:meth:`close`); at the pass's end they wait for the
+        next. ``meter`` hears what each batch cost the workers."""
         assert self._workers is not None, "closed"
         tasks = self._tasks
         tasks.epoch, tasks.batch_size, tasks.share, tasks.numbers = epoch, self.batch_size, share, numbers
+        tasks.keep_going = keep_going
         tasks.pending.clear()
         self.running, finished = True, False
         try:
@@ -185,10 +202,12 @@ class WorkerProcesses:
             for first in self._parts:
                 pending = tasks.pending.popleft()
                 parts = [first] + [next(self._parts) for _ in range(pending.parts - 1)]
+                meter.made(sum(p.busy_s for p in parts), sum(p.cpu_s for p in parts), sum(p.cpu_s for p in parts))
                 yield pending.number, self._batch(pending, parts), sum(part.skipped for part in parts)
             finished = True
         finally:
             tasks.pending.clear()  # let go of the slots
+            tasks.keep_going = _always  # and of the caller (a Loader kept alive by its own workers' sampler)
             self.running = False
             if not finished:
                 self.close()

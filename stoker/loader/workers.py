@@ -3,8 +3,10 @@
 Threads share one process, so the Python each image needs holds the GIL one thread at a time:
 with the native chunk path that is a few microseconds per image (bench/gil.py), and threads use
 every core; with per-sample Python (a user's transform) it can be hundreds, and a process's
-threads then use a core or two whatever the machine has. Only a measurement tells which, so a
-Loader left to choose (``processes=None``) starts with threads only and watches its first batches:
+threads then use a core or two whatever the machine has. Only a measurement tells which. A
+Loader that tunes itself (the default) decides while it runs (stoker/tune, loader/tuning.py); one
+made with ``tune=False`` and left to choose (``processes=None``) starts with threads only and
+watches its first batches once:
 how many cores its process used while the training loop waited for it. Threads that use the
 cores they have are kept; where they use a fraction of them while the loop waits, the next pass
 runs in worker processes, each with a few threads (:func:`choose_workers`, a pure function of
@@ -19,21 +21,14 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass
 
-# Batches of the first pass that are measured: the first ones start the threads and fill the
-# queue, so the window starts later.
-FIRST_MEASURED, LAST_MEASURED = 2, 6
+from stoker.tune.settings import FEW_CORES
+
 # The loop waited for batches at least this share of the time: the Loader limits the training.
 WAITED_ENOUGH = 0.1
 # Threads that keep this share of the cores they could use busy are not limited by the GIL.
 USED_ENOUGH = 0.6
-# Below this many cores, threads are kept: on 2 cores worker processes measured 0.89-0.93x the threads
-# with fresh shared memory per batch, and ~1.0x with the shared ring (bench/scaling.py, native path);
-# a per-sample transform's batches still go through fresh memory, which is where the GIL would call
-# for processes, so there is nothing to win on so few cores.
-FEW_CORES = 4
 
 
 @dataclass(frozen=True)
@@ -81,28 +76,3 @@ def choose_workers(cores: int, threads: int, cores_used: float, waited: float,
     per_process = math.ceil(cores / processes) + 1  # one more than its share: a thread waiting on the disk idles no core
     return WorkerChoice(processes, per_process, f"{measured}: the GIL limits one process, so "
                                                 f"{processes} worker processes of {per_process} threads")
-
-
-class FirstBatches:
-    """Measures the window of the first pass that :func:`choose_workers` decides from: call
-    :meth:`batch` as each batch is taken, :meth:`blocked` with each wait for one."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._start: tuple[float, float] | None = None
-        self._blocked = 0.0
-        self.result: tuple[float, float] | None = None  # (cores used, share of the time waited)
-
-    def blocked(self, seconds: float) -> None:
-        """The loop waited ``seconds`` for a batch."""
-        if self._start is not None:
-            self._blocked += seconds
-
-    def batch(self) -> None:
-        """A batch was taken by the loop."""
-        self.count += 1
-        if self.count == FIRST_MEASURED:
-            self._start = (time.perf_counter(), time.process_time())
-        elif self.count == LAST_MEASURED and self._start is not None:
-            wall, cpu = time.perf_counter() - self._start[0], time.process_time() - self._start[1]
-            self.result = (cpu / wall, self._blocked / wall) if wall > 0 else (0.0, 0.0)

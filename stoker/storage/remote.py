@@ -20,8 +20,9 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
@@ -33,6 +34,7 @@ from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
 from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.deadline import Deadline, NoAnswer, Progress, call_within
+from stoker.storage.fetch_pool import FetchPool
 from stoker.storage.files import raise_if_out_of_files
 from stoker.storage.locks import ProcessLock
 from stoker.storage.ranged import BrokenAnswer, read_into
@@ -86,7 +88,9 @@ class RemoteData:
     :meth:`download` copies a whole one. ``storage_options`` go to fsspec; failures raise
     ``error`` (a RemoteError) after ``retries`` (see :func:`with_retries`; ranged reads: any
     number) or ``read_timeout`` seconds without progress, whichever comes first; ``parallel``:
-    ranged reads in flight at once."""
+    ranged reads in flight at once (:meth:`tune` changes it, and ``part_bytes``: the size of the
+    ranged reads a block or a whole file is fetched in, None for :data:`DOWNLOAD_PART` and the
+    readers' own); :attr:`counts`: the reads done in this process."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, retries: int = 5,
                  backoff: float = 0.5, error: type[RemoteError] = RemoteError,
@@ -95,10 +99,12 @@ class RemoteData:
         self.storage_options = dict(storage_options or {})
         self.retries, self.backoff, self.error = retries, backoff, error
         self.read_timeout, self.parallel = read_timeout, parallel
+        self.part_bytes: int | None = None
+        self.counts = ReadCounts()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._root = ""
         self._pid = 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: FetchPool | None = None
         self._pool_lock = ProcessLock()  # a forked worker's own: a parent thread may hold it at the fork
 
     def metadata(self) -> Path:
@@ -152,10 +158,11 @@ class RemoteData:
                 raise CorruptDataError(f"{self.url}/{name}", None,
                                        f"bytes {start}-{end} asked, the object ends after {start + len(got)}")
 
-        # Once the main thread has ended, the process is exiting and waits for the reads ahead
-        # (a ThreadPoolExecutor's threads are joined at exit): those give up at their first error.
+        # Once the main thread has ended, the process is exiting: the reads ahead give up at their first error.
+        started = time.perf_counter()
         self._retried(f"{self.url}/{name} (bytes {start}-{end})", rest, retries=None, backoff=0.05, max_pause=1.0,
                       give_up=lambda: not threading.main_thread().is_alive())
+        self.counts.add(len(got), time.perf_counter() - started)
         return bytes(got)
 
     def prefetch(self, name: str, start: int, end: int) -> Future[bytes]:
@@ -163,8 +170,16 @@ class RemoteData:
         with self._pool_lock:
             if self._pool is None or self._pid != os.getpid():
                 self._filesystem()  # a forked child's: made once here, not by each thread of the pool
-                self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="stoker-remote")
+                self._pool = FetchPool(self.parallel, "stoker-remote")
             return self._pool.submit(self.read_range, name, start, end)
+
+    def tune(self, parallel: int, part_bytes: int | None) -> None:
+        """From now on ``parallel`` ranged reads in flight (those queued keep their order) of
+        ``part_bytes`` (None: the defaults) for what is queued next: the Loader's tuner's knobs."""
+        with self._pool_lock:
+            self.parallel, self.part_bytes = parallel, part_bytes
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.resize(parallel)
 
     def read_many(self, names: list[str]) -> dict[str, bytes]:
         """Every file in ``names``, whole, by name: fetched concurrently where the file system can
@@ -236,7 +251,9 @@ class RemoteData:
                 found = self._retried(url, lambda _: _copy_hashing(Path(f"{self._root}/{name}"), partial))
             else:
                 if self.parallel == 1:
+                    started = time.perf_counter()
                     self._retried(url, lambda deadline: self._stream_to(name, partial, deadline))
+                    self.counts.add(partial.stat().st_size, time.perf_counter() - started)
                 else:
                     self._download_parts(name, partial)
                 found = file_checksum(partial)
@@ -258,9 +275,8 @@ class RemoteData:
         longer than the manifest says), into ``partial`` in ranged reads of :data:`DOWNLOAD_PART`
         on the :meth:`prefetch` pool, each written at its offset as it arrives. An object that
         ends before that length (replaced meanwhile) leaves a short copy, a mismatch like any other."""
-        length = int(self._info(name)["size"])
-        parts = {self.prefetch(name, start, min(start + DOWNLOAD_PART, length)): start
-                 for start in range(0, length, DOWNLOAD_PART)}
+        length, part = int(self._info(name)["size"]), self.part_bytes or DOWNLOAD_PART
+        parts = {self.prefetch(name, start, min(start + part, length)): start for start in range(0, length, part)}
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             while parts:
@@ -293,6 +309,26 @@ class RemoteData:
 
     def __setstate__(self, state: dict) -> None:
         type(self).__init__(self, **state)
+
+
+class ReadCounts:
+    """The ranged reads (and streamed downloads) a :class:`RemoteData` made in this process so far:
+    how many, their bytes, and the seconds they took, summed (retries included): what the Loader's
+    tuner reads an object store's latency and rate from."""
+
+    def __init__(self) -> None:
+        self._lock = ProcessLock()
+        self.requests, self.nbytes, self.seconds = 0, 0, 0.0
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """One read of ``nbytes`` that took ``seconds``."""
+        with self._lock:
+            self.requests, self.nbytes, self.seconds = self.requests + 1, self.nbytes + nbytes, self.seconds + seconds
+
+    def totals(self) -> tuple[int, int, float]:
+        """(requests, bytes, seconds) so far."""
+        with self._lock:
+            return self.requests, self.nbytes, self.seconds
 
 
 def _with_timeouts(url: str, options: dict[str, Any], read_timeout: float) -> dict[str, Any]:

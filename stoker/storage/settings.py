@@ -22,21 +22,22 @@ from stoker.storage.remote import DEFAULT_PARALLEL, DEFAULT_READ_TIMEOUT, Remote
 class StorageSettings:
     """``storage_options``: fsspec's (credentials, ``endpoint_url``); ``read_timeout``: seconds a
     read of the origin keeps retrying without progress (``inf``: for ever); ``reads_in_flight``:
-    ranged reads of the origin at once per process; ``cache_dir``: a node cache of whole shards
-    there (None: none), within ``cache_limit`` bytes (None: the cache folder's own default),
-    staged at most ``cache_ahead`` shards ahead of a reader (None: as far as the limit allows).
-    Each is checked when the record is made (OptionError naming it and what it accepts)."""
+    ranged reads of the origin at once per process (None: 16, which a Loader's tuner may change);
+    ``cache_dir``: a node cache of whole shards there (None: none), within ``cache_limit`` bytes
+    (None: the cache folder's own default), staged at most ``cache_ahead`` shards ahead of a reader
+    (None: as far as the limit allows). Each is checked when the record is made (OptionError naming it and what it accepts)."""
 
     storage_options: dict[str, Any] = field(default_factory=dict)
     read_timeout: float = DEFAULT_READ_TIMEOUT
-    reads_in_flight: int = DEFAULT_PARALLEL
+    reads_in_flight: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     cache_limit: int | None = None
     cache_ahead: int | None = None
 
     def __post_init__(self) -> None:
         READ_TIMEOUT.check(self.read_timeout)
-        READS_IN_FLIGHT.check(self.reads_in_flight)
+        if self.reads_in_flight is not None:
+            READS_IN_FLIGHT.check(self.reads_in_flight)
         if self.cache_limit is not None:
             CACHE_LIMIT.check(self.cache_limit)
         if self.cache_ahead is not None:
@@ -48,4 +49,5 @@ class StorageSettings:
 
     def origin(self, url: str) -> RemoteData:
         """The connection to the data set at ``url`` (a URL or a local path) these settings describe."""
-        return RemoteData(url, self.storage_options, read_timeout=self.read_timeout, parallel=self.reads_in_flight)
+        return RemoteData(url, self.storage_options, read_timeout=self.read_timeout,
+                          parallel=self.reads_in_flight or DEFAULT_PARALLEL)

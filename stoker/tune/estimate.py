@@ -80,7 +80,7 @@ class Window:
         if self.requests:
             text += (f", {self.read_bytes / self.seconds / 1e6:,.0f} MB/s from the store "
                      f"({self.read_s / self.seconds:.1f} reads in flight, {self.read_s / self.requests * 1e3:,.0f} ms each)")
-        elif self.disk_bytes:
+        elif self.disk_bytes >= 1e6 * self.seconds:
             text += f", {self.disk_bytes / self.seconds / 1e6:,.0f} MB/s from the disk"
         return text
 
@@ -114,7 +114,8 @@ def estimate(window: Window, settings: Settings, known: Known) -> tuple[Stages, 
     if window.busy_s < WORKERS_IDLE * settings.workers * seconds:
         return stages, "queue"
     if window.process_cpu_s / seconds >= CORES_USED * min(settings.workers, stages.free_cores):
-        return stages, "cpu"
+        # What the cores gave, all of it counted (the loop process's share of each batch too).
+        return replace(stages, per_core=window.fresh / min(settings.workers, stages.free_cores)), "cpu"
     if known.remote and window.requests and window.read_s / seconds >= READS_BUSY * settings.reads_in_flight:
         return replace(stages, storage=_store(window, known)), "object store"
     if not known.remote and window.disk_bytes >= DISK_SHARE * window.images * known.image_bytes:

@@ -49,8 +49,9 @@ class Stages:
     """What each stage of a Loader costs or gives, measured (``inf``: no limit, or not measured).
 
     ``cores``: the cores the process may run on, ``other_cores`` the cores' worth other processes
-    take of them; ``per_core``: images one core reads, decodes, crops, augments and transforms
-    per second (every per-sample stage on the CPU together); ``duty``: the share of its time a
+    take of them; ``per_core``: images one core reads, decodes, crops and augments per second
+    (a running Loader measures every per-sample stage together here), ``transform_per_core``: the
+    images one core runs a per-sample transform on besides (the doctor measures it apart); ``duty``: the share of its time a
     worker thread computes while it makes samples (below 1: it waits for reads); ``gil_rate``:
     img/s one process's threads reach at most, the GIL held by the Python each image needs;
     ``storage``: where the bytes come from (None: memory, the page cache), ``remote`` whether that
@@ -68,6 +69,12 @@ class Stages:
     image_bytes: float = 100e3
     block_bytes: float = 8 * MIB
     consumer: float = INF
+    transform_per_core: float = INF
+
+    @property
+    def cpu_per_core(self) -> float:
+        """Images one core takes through every per-sample stage, one after the other."""
+        return 1.0 / (1.0 / self.per_core + 1.0 / self.transform_per_core)
 
     @property
     def free_cores(self) -> float:
@@ -102,7 +109,7 @@ def storage_rate(stages: Stages, settings: Settings) -> float:
 
 def cpu_rate(stages: Stages, settings: Settings) -> float:
     """Images/s the cores give at ``settings``: the workers' computing share of the free cores."""
-    return min(settings.workers * stages.duty, stages.free_cores) * stages.per_core
+    return min(settings.workers * stages.duty, stages.free_cores) * stages.cpu_per_core
 
 
 def gil_rate(stages: Stages, settings: Settings) -> float:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 INF = math.inf
 MIB = 1 << 20
+# The recent fresh batches a Loader keeps to draw echoes from.
+ECHO_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,9 @@ class Settings:
 @dataclass(frozen=True)
 class Bounds:
     """What the tuner may set each knob to: ``(low, high)``, equal where an argument fixes it;
-    within ``memory_bytes`` for what the settings add beyond the least of each (batches made
-    ahead of ``batch_bytes``, worker processes of ``process_bytes``, blocks of an object store
-    read ahead into memory, ``block_bytes`` each)."""
+    within ``memory_bytes`` for what the settings add beyond the least of each: batches made ahead
+    and :data:`ECHO_BATCHES` kept for echoes, of ``batch_bytes`` each; worker processes of
+    ``process_bytes``; blocks of an object store read ahead into memory, ``block_bytes`` each."""
 
     threads: tuple[int, int]
     processes: tuple[int, int] = (0, 0)
@@ -59,8 +61,9 @@ class Bounds:
     block_bytes: float = 0.0
 
     def memory(self, settings: Settings) -> float:
-        """What ``settings`` hold beyond the least settings: batches ahead, processes, blocks in memory."""
-        return ((settings.prefetch - self.prefetch[0]) * self.batch_bytes
+        """What ``settings`` hold beyond the least settings: batches ahead, processes, blocks in
+        memory, and the recent batches echoes are drawn from."""
+        return ((settings.prefetch - self.prefetch[0] + (ECHO_BATCHES if settings.echo > 1 else 0)) * self.batch_bytes
                 + settings.processes * self.process_bytes
                 + (settings.readahead - self.readahead[0]) * self.block_bytes)
 
@@ -85,8 +88,10 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
 
 
-# Below this many cores worker processes are not tried: on 2 cores they measured 0.89-1.0x the
-# threads (bench/scaling.py), and a pipeline bound by the GIL there has little to gain.
+# Below this many cores worker processes are not tried: on 2 cores they measured 0.89-0.93x the
+# threads with fresh shared memory per batch, and ~1.0x with the shared ring (bench/scaling.py,
+# native path); a per-sample transform's batches still go through fresh memory, which is where
+# the GIL would call for processes, so there is nothing to win on so few cores.
 FEW_CORES = 4
 # What a worker process holds of its own (torch imported, its threads' buffers), counted against the budget.
 PROCESS_BYTES = 300e6

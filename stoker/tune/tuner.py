@@ -6,12 +6,14 @@
            MARGIN more served: kept, the new baseline; else undone and not tried again
     nothing predicted to gain MARGIN: settled, until the conditions change (other processes take
     or give back cores, the loop's pace or the rate moves DRIFT for two windows); then it looks
-    again, first backing off to the cores the others leave
+    again, first backing off to one worker more than the cores the others leave: kept where it
+    serves no less than MARGIN below what it replaced (the cores others took are theirs), else
+    undone (the scheduler shares a core by threads: fewer of ours would get less of it)
 
-Every change is kept only if measured better than what it replaced, no setting is tried twice
-under the same conditions, and each kept one serves MARGIN more than the last: so the tuner
-settles after a few trials and cannot oscillate on noise smaller than MARGIN. Pure: windows in,
-decisions out; the Loader measures and applies them (stoker/loader/tuning.py).
+Every change is kept only if measured better than what it replaced (a back-off: no worse), no
+setting is tried twice under the same conditions, and each kept one serves MARGIN more than the
+last: so the tuner settles after a few trials and cannot oscillate on noise smaller than MARGIN.
+Pure: windows in, decisions out; the Loader measures and applies them (stoker/loader/tuning.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Tuner:
         self.baseline: Window | None = None  # a window at the kept settings
         self.closed: set[str] = set()  # knobs a trial undone under the current conditions changed
         self.settled = False
+        self.backing_off = False  # the setting on trial has fewer workers, for other processes' sake
         self._drifted = 0  # windows running whose rate moved DRIFT from the baseline
 
     def observe(self, window: Window) -> list[Decision]:
@@ -92,8 +95,9 @@ class Tuner:
             return [Decision("undo", self.kept, trial, f"other processes took {base.other_cores:.1f} cores, then "
                                                        f"{window.other_cores:.1f}: not comparable; {window.describe()}")]
         self._learn(base, window, trial)
-        before = self.kept
-        if window.rate >= (1 + MARGIN) * base.rate:
+        before, polite = self.kept, self.backing_off
+        self.backing_off = False
+        if window.rate >= (1 + (-MARGIN if polite else MARGIN)) * base.rate:
             self.kept, self.baseline = trial, window
             kept = Decision("keep", trial, before, f"{window.rate:,.0f} img/s served against {base.rate:,.0f}: "
                                                   f"{window.describe()}")
@@ -101,8 +105,9 @@ class Tuner:
         changed = _knobs_changed(self.kept, trial)
         self.closed |= changed | (WORKERS if changed & WORKERS else set())  # threads and processes go together
         self.settings = self.kept
+        short = f"{MARGIN:.0%} less" if polite else f"not {MARGIN:.0%} more"
         undone = Decision("undo", self.kept, trial, f"{window.rate:,.0f} img/s served against {base.rate:,.0f}, "
-                                                    f"not {MARGIN:.0%} more: {window.describe()}")
+                                                    f"{short}: {window.describe()}")
         return [undone, *self._next(base)]
 
     def _next(self, window: Window) -> list[Decision]:
@@ -112,7 +117,9 @@ class Tuner:
         stages, limit = estimate(window, self.kept, self.known)
         now = predict(stages, self.kept).rate
         more = replace(self.kept, prefetch=self.kept.prefetch + 1)
-        if limit == "queue" and self.bounds.allows(more) and "prefetch" not in self.closed:
+        # Worker processes make their batches in a ring of prefetch + 2 made when they start: a batch
+        # more ahead would start them again, so only threads get one.
+        if limit == "queue" and not self.kept.processes and self.bounds.allows(more) and "prefetch" not in self.closed:
             self.settings = more  # not in the model: a batch more made ahead, measured like any other change
             return [Decision("try", more, self.kept, f"{_reason(limit)}: {window.describe()}")]
         for options in self._options(stages, limit):
@@ -167,7 +174,8 @@ class Tuner:
         return False
 
     def _back_off(self, window: Window) -> list[Decision]:
-        """Where other processes take cores, no more workers than one more than the cores they leave."""
+        """Where other processes take cores, try no more workers than one more than the cores they
+        leave (kept if the rate holds: see the module's docstring)."""
         if window.other_cores <= SHARED_CORES:
             return []
         kept, low = self.kept, self.bounds.threads[0]
@@ -178,10 +186,9 @@ class Tuner:
             fewer = replace(kept, processes=max(self.bounds.processes[0], 2, math.ceil(most / kept.threads)))
         else:
             fewer = replace(kept, threads=max(low, most))
-        if fewer == kept or not self.bounds.allows(fewer):
+        if fewer == kept or not self.bounds.allows(fewer) or _knobs_changed(kept, fewer) & self.closed:
             return []
-        self.settings = self.kept = fewer
-        self.baseline = None  # measured again at the fewer workers
+        self.settings, self.backing_off = fewer, True
         return [Decision("back off", fewer, kept, f"other processes took {window.other_cores:.1f} of "
                                                   f"{self.known.cores} cores: {window.describe()}")]
 
