@@ -3,7 +3,8 @@ would choose: stoker.tune's pipeline model, the one the Loader tunes with, given
 doctor measured on the sample instead of those a running Loader measures of itself.
 
     per core   stoker.Loader on the sample pack, warm (with the user's transform when given):
-               its img/s over the cores' worth of CPU it used
+               its img/s over the cores' worth of CPU it used (every per-sample stage together, as
+               a running Loader measures it; the transform's own rate is not added apart)
     GIL        that rate, where its threads left over a fifth of the cores they had idle on
                data in memory (else not reached)
     cores      this process's, less what other processes took while that Loader ran
@@ -11,6 +12,7 @@ doctor measured on the sample instead of those a running Loader measures of itse
                files: the sample pack on their disk, as the Loader reads them packed); an object
                store: the first byte, one request's MB/s, the most that reads in flight moved
     the loop   batch_size / step_time (no step time: no limit)
+    memory     the share of the available memory a Loader's tuner may take
 
 A pure function of a :class:`Figures` record, tested on given figures as the verdict's rules are.
 """
@@ -24,6 +26,7 @@ from stoker.data.shards import DEFAULT_BLOCK_BYTES
 from stoker.doctor.contention import SHARED_CORES
 from stoker.doctor.figures import Figures
 from stoker.doctor.numbers import rounded
+from stoker.loader.plan import MEMORY_SHARE
 from stoker.tune import Prediction, Settings, Source, Stages, loader_choice
 
 # A warm Loader whose threads kept under this share of the cores they had busy was held by the GIL.
@@ -96,7 +99,7 @@ def forecast(f: Figures) -> Forecast | None:
     stages = Stages(cores=f.cores, per_core=per_core, other_cores=run.other_cores,
                     gil_rate=run.rate if gil_bound else math.inf, storage=source, remote=remote,
                     image_bytes=max(1.0, f.mean_bytes), block_bytes=DEFAULT_BLOCK_BYTES, consumer=consumer)
-    memory = f.available_ram_bytes if f.available_ram_bytes > 0 else math.inf
+    memory = MEMORY_SHARE * f.available_ram_bytes if f.available_ram_bytes > 0 else math.inf  # as a Loader's plan
     settings, prediction = loader_choice(stages, processes=not remote, memory_bytes=memory)
     alone = (loader_choice(replace(stages, other_cores=0.0), processes=not remote, memory_bytes=memory)
              if run.other_cores > SHARED_CORES else None)
