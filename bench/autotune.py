@@ -16,8 +16,8 @@ Loader's warm rate (img/s after the first seconds of a run) against the best gri
 settings it ran with beside the best point's. The data (sample photos packed into 16 MiB shards,
 moto's cost per ranged GET grows with the object) is made once under --data.
 
-    .venv/bin/python bench/autotune.py [--only a,c] [--repeat 3]
-    .venv/bin/python bench/autotune.py --quick     # each run a few seconds, one round: a few minutes
+    .venv/bin/python bench/autotune.py [--only a,c] [--repeat 3]   # 4,000 photos, runs of 14 s: ~45 min
+    .venv/bin/python bench/autotune.py --quick     # 1,000 photos, runs of 4 s, one round: ~5 min
 
 ``--quick`` ends with one line: ``autotune: K of 6 scenarios within 5% of the grid's best``.
 """

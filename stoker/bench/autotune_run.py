@@ -7,14 +7,14 @@ The spec (:class:`Spec`) names the data set (a folder or a URL with its storage 
 ShardDataset arguments), the Loader's arguments, the pipeline (the Loader's default crop, or the
 standard train Compose) and how long to read. The Loader reads pass after pass until ``seconds``
 have passed; the JSON line gives the seconds from the data set's opening to the first batch, the
-img/s of the batches after ``warm_after`` seconds, and what the Loader ran with at the end.
+img/s of the batches after ``warm_after`` seconds, and what the Loader ran with at the end (and
+how many decisions its tuner made).
 With ``hog_at``, another process spins on one core from that many seconds on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import subprocess
 import sys
@@ -53,9 +53,12 @@ def warm_rate(ends: list[tuple[float, int]], warm_after: float) -> float:
     return sum(n for _, n in after) / (after[-1][0] - anchor) if after else float("nan")
 
 
-def settings(loader: Loader) -> dict[str, Any]:
-    """What the Loader runs its batches with now: worker processes and threads, batches made ahead."""
-    return {"workers": loader.workers.describe(), "prefetch": loader.prefetch}
+def ran_with(loader: Loader) -> dict[str, Any]:
+    """What the Loader ran its batches with at the end (the tuner's last decision, else its fixed
+    workers and batches ahead), and how many decisions its tuner made (the latest ones kept)."""
+    if loader.decisions:
+        return {"ran_with": loader.decisions[-1].settings.describe(), "decisions": len(loader.decisions)}
+    return {"ran_with": f"{loader.workers.describe()}, prefetch {loader.prefetch}", "decisions": 0}
 
 
 def run(spec: Spec) -> dict[str, Any]:
@@ -68,10 +71,7 @@ def run(spec: Spec) -> dict[str, Any]:
     hog = None
     start = time.perf_counter()
     dataset = ShardDataset(spec.data, storage_options=spec.storage_options, **spec.dataset)
-    options = dict(spec.loader)
-    if "tune" not in inspect.signature(Loader).parameters:  # until the tuner is merged: today's Loader is fixed
-        options.pop("tune", None)
-    loader = Loader(dataset, spec.batch, transform=transform, seed=0, **options)
+    loader = Loader(dataset, spec.batch, transform=transform, seed=0, **spec.loader)
     ends: list[tuple[float, int]] = []
     try:
         while not ends or ends[-1][0] < spec.seconds:
@@ -87,7 +87,7 @@ def run(spec: Spec) -> dict[str, Any]:
             hog.kill()
             hog.wait()
     return {"first_batch_s": ends[0][0], "warm_images_per_s": warm_rate(ends, spec.warm_after),
-            "images": sum(n for _, n in ends), "seconds": ends[-1][0], "settings": settings(loader)}
+            "images": sum(n for _, n in ends), "seconds": ends[-1][0], **ran_with(loader)}
 
 
 def main() -> None:

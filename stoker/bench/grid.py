@@ -45,9 +45,12 @@ class Configuration:
         return statistics.median(values) if values else float("nan")
 
     @property
-    def chose(self) -> dict[str, Any]:
-        """What the Loader ran with at the end of its last run."""
-        return self.runs[-1]["settings"] if self.runs else {}
+    def ran_with(self) -> str:
+        """What the Loader ran with at the end of its last run (and its tuner's decisions, if any)."""
+        if not self.runs:
+            return ""
+        last = self.runs[-1]
+        return last["ran_with"] + (f" ({last['decisions']} decisions)" if last["decisions"] else "")
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def report(summary: Summary, grid: Sequence[Configuration]) -> list[str]:
             lines.append(f"  {c.name[:44]:44} failed: {c.error.strip().splitlines()[-1][:120]}")
             continue
         lines.append(f"  {c.name[:44]:44} {c.median('first_batch_s'):11.2f} {c.median('warm_images_per_s'):10,.0f}  "
-                     f"{describe(c.chose)}")
+                     f"{c.ran_with}")
     best = summary.best
     if best is None or summary.default.error:
         return [*lines, "  no comparison: the default Loader or every grid point failed"]
@@ -102,7 +105,8 @@ def report(summary: Summary, grid: Sequence[Configuration]) -> list[str]:
             f"  default / median grid point ({s.median_rate:,.0f} img/s): {s.median_gain:.2f}x (target >= {MEDIAN_GAIN}x)",
             f"  first batch: default {s.default.median('first_batch_s'):.2f} s, today's {s.today.median('first_batch_s'):.2f} s"
             " (target: no later)",
-            f"  the default Loader ran with: {describe(s.default.chose)}; the best grid point: {describe(best.settings)}"]
+            f"  the default Loader ran with: {s.default.ran_with}; the best grid point: {describe(best.settings)} "
+            f"({best.ran_with})"]
 
 
 def closing_line(summaries: Sequence[Summary], scenarios: int) -> str:
