@@ -6,7 +6,8 @@ threads and caches start from nothing, as in a training script), reported as one
 The spec (:class:`Spec`) names the data set (a folder or a URL with its storage options and
 ShardDataset arguments), the Loader's arguments, the pipeline (the Loader's default crop, or the
 standard train Compose) and how long to read. The Loader reads pass after pass until ``seconds``
-have passed; the JSON line gives the seconds from the data set's opening to the first batch, the
+have passed and :data:`WARM_BATCHES` batches came after the warm-up (a busy machine's slow start
+still leaves a warm rate); the JSON line gives the seconds from the data set's opening to the first batch, the
 img/s of the batches after ``warm_after`` seconds, and what the Loader ran with at the end (and
 how many decisions its tuner made).
 With ``hog_at``, another process spins on one core from that many seconds on.
@@ -24,6 +25,9 @@ from typing import Any
 
 from stoker.data.dataset import ShardDataset
 from stoker.loader import Loader
+
+# The fewest batches a run reads after its warm-up, whatever its seconds.
+WARM_BATCHES = 3
 
 
 @dataclass(frozen=True)
@@ -44,13 +48,23 @@ class Spec:
         return json.dumps(dataclasses.asdict(self))
 
 
-def warm_rate(ends: list[tuple[float, int]], warm_after: float) -> float:
-    """Images/s of the batches after ``warm_after`` seconds, counted from the end of the last batch
-    before it (or of the first batch, where that came later); ``ends``: (seconds, images) of each
-    batch, in order. NaN where no batch came after that."""
+def warm_batches(ends: list[tuple[float, int]], warm_after: float) -> tuple[float, list[tuple[float, int]]]:
+    """Where the warm part of a run starts (the end of the last batch by ``warm_after`` seconds, or
+    of the first batch, where that came later) and the batches after it; ``ends``: (seconds,
+    images) of each batch, in order."""
     anchor = max([t for t, _ in ends if t <= warm_after] or [ends[0][0]])
-    after = [(t, n) for t, n in ends if t > anchor]
+    return anchor, [(t, n) for t, n in ends if t > anchor]
+
+
+def warm_rate(ends: list[tuple[float, int]], warm_after: float) -> float:
+    """Images/s of the batches after the warm-up (:func:`warm_batches`); NaN where none came."""
+    anchor, after = warm_batches(ends, warm_after)
     return sum(n for _, n in after) / (after[-1][0] - anchor) if after else float("nan")
+
+
+def done(ends: list[tuple[float, int]], spec: Spec) -> bool:
+    """Whether a run has read long enough: ``spec.seconds``, and :data:`WARM_BATCHES` batches after its warm-up."""
+    return bool(ends) and ends[-1][0] >= spec.seconds and len(warm_batches(ends, spec.warm_after)[1]) >= WARM_BATCHES
 
 
 def ran_with(loader: Loader) -> dict[str, Any]:
@@ -74,13 +88,13 @@ def run(spec: Spec) -> dict[str, Any]:
     loader = Loader(dataset, spec.batch, transform=transform, seed=0, **spec.loader)
     ends: list[tuple[float, int]] = []
     try:
-        while not ends or ends[-1][0] < spec.seconds:
+        while not done(ends, spec):
             for _, labels in loader:
                 now = time.perf_counter() - start
                 ends.append((now, len(labels)))
                 if hog is None and spec.hog_at is not None and now >= spec.hog_at:
                     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                if now >= spec.seconds:
+                if done(ends, spec):
                     break
     finally:
         if hog is not None:
