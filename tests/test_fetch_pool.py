@@ -31,6 +31,12 @@ class Reads:
             self.running -= 1
         return k
 
+    def finish(self, futures: list) -> list[int]:
+        """Let every read go; their results, in the order submitted."""
+        for event in self.go:
+            event.set()
+        return [future.result(timeout=30) for future in futures]
+
     def until_started(self, count: int) -> list[int]:
         """The reads started, once ``count`` have (a generous bound: a failure, not a slow machine)."""
         deadline = time.monotonic() + 30
@@ -45,10 +51,7 @@ def test_reads_start_in_the_order_queued_no_more_at_once_than_the_size():
     assert reads.until_started(2) == [0, 1]
     reads.go[0].set()
     assert reads.until_started(3) == [0, 1, 2]
-    for event in reads.go:
-        event.set()
-    assert [future.result(timeout=30) for future in futures] == list(range(6))
-    assert reads.most == 2
+    assert reads.finish(futures) == list(range(6)) and reads.most == 2
 
 
 def test_a_larger_pool_starts_the_reads_queued_at_once():
@@ -57,10 +60,7 @@ def test_a_larger_pool_starts_the_reads_queued_at_once():
     assert reads.until_started(1) == [0]
     pool.resize(4)
     assert reads.until_started(4) == [0, 1, 2, 3]
-    for event in reads.go:
-        event.set()
-    assert [future.result(timeout=30) for future in futures] == list(range(5))
-    assert reads.most == 4
+    assert reads.finish(futures) == list(range(5)) and reads.most == 4
 
 
 def test_a_smaller_pool_takes_effect_as_reads_finish():
@@ -74,9 +74,7 @@ def test_a_smaller_pool_takes_effect_as_reads_finish():
     reads.go[3].set()
     assert reads.until_started(5) == [0, 1, 2, 3, 4]
     assert reads.running <= 1
-    for event in reads.go:
-        event.set()
-    assert [future.result(timeout=30) for future in futures] == list(range(6))
+    assert reads.finish(futures) == list(range(6))
 
 
 def test_a_read_cancelled_while_queued_never_runs_and_errors_reach_the_caller():

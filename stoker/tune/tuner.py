@@ -91,7 +91,7 @@ class Tuner:
         base, trial = self.baseline, self.settings
         assert base is not None
         if abs(window.other_cores - base.other_cores) > CORES_MOVED:
-            self.settings, self.baseline = self.kept, None  # measured again at the kept settings
+            self.settings, self.baseline, self.backing_off = self.kept, None, False  # measured again as kept
             return [Decision("undo", self.kept, trial, f"other processes took {base.other_cores:.1f} cores, then "
                                                        f"{window.other_cores:.1f}: not comparable; {window.describe()}")]
         self._learn(base, window, trial)
