@@ -40,6 +40,7 @@ from stoker.bench.autotune_run import Spec
 from stoker.bench.grid import Configuration, Summary, closing_line, describe, grid_points, report, summarize
 from stoker.bench.link_process import start_link_process
 from stoker.bench.measure import CommandFailed, measure
+from stoker.ranges import BENCH_REPEAT, BENCH_STREAM_MBIT
 from stoker.storage import evict
 
 from _common import header, packed_photos
@@ -74,20 +75,20 @@ class Scenario:
 def scenarios(stream_mbit: float) -> list[Scenario]:
     """The six scenarios, their grids sized to this machine's cores."""
     threads = [1, CORES, CORES + 1, 2 * CORES + 2]
-    quick_threads = {"threads": [1, CORES + 1, 2 * CORES + 2]}
+    few = [1, CORES + 1, 2 * CORES + 2]
     in_flight = {"reads_in_flight": [1, 2, 4, 8, 16, 32]}
     return [
-        Scenario("a", "a. fast local disk, page cache warm", {"threads": threads, "prefetch": [1, 4]}, quick_threads,
+        Scenario("a", "a. fast local disk, page cache warm", {"threads": threads, "prefetch": [1, 4]}, {"threads": few},
                  [{"processes": CORES, "threads": 1}]),
         Scenario("b", "b. spinning disk (hdd-profile: 150 IOPS, 150 MiB/s), shards evicted before each run",
-                 {"threads": threads[::2] + threads[3:], "prefetch": [2, 8]},
+                 {"threads": few, "prefetch": [2, 8]},
                  {"threads": [1, CORES + 1], "prefetch": [2, 8]}, hdd=True),
         Scenario("c", "c. S3 (moto) through ShapedLink at 20 ms per request, uncapped", in_flight,
                  {"reads_in_flight": [1, 4, 16]}, remote={"delay": 0.02}),
         Scenario("d", f"d. the same, each response held to {stream_mbit:,.0f} Mbit/s", in_flight,
                  {"reads_in_flight": [1, 4, 16]}, remote={"delay": 0.02, "stream_rate": stream_mbit * 1e6 / 8}),
         Scenario("e", "e. the standard train Compose as the Loader's transform (CPU bound)", {"threads": threads},
-                 quick_threads, [{"processes": CORES, "threads": 1}], pipeline="train"),
+                 {"threads": few}, [{"processes": CORES, "threads": 1}], pipeline="train"),
         Scenario("f", "f. fast local disk, another process taking one core half-way through each run",
                  {"threads": threads}, {"threads": [1, CORES, CORES + 1]}, busy=True)]
 
@@ -212,12 +213,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 photos, runs of 4 s, one round, smaller grids")
     parser.add_argument("--data", type=Path, default=Path("bench-data/autotune"))
     parser.add_argument("--only", default="abcdef", help="scenarios to run, e.g. 'a,c'")
-    parser.add_argument("--repeat", type=int, default=None, help="rounds (default 3; --quick: 1)")
-    parser.add_argument("--stream-mbit", type=float, default=400.0, help="scenario d's per-response rate")
+    parser.add_argument("--repeat", type=BENCH_REPEAT.argument(), default=None, help="rounds (default 3; --quick: 1)")
+    parser.add_argument("--stream-mbit", type=BENCH_STREAM_MBIT.argument(), default=400.0,
+                        help="scenario d's per-response rate")
     parser.add_argument("--hdd-profile", type=Path, default=ROOT.parent / "shared" / "hdd-profile")
     parser.add_argument("--tv-python", default=str(ROOT / ".venv-tv" / "bin" / "python"),
                         help="a Python with torchvision, for scenario e")
     args = parser.parse_args()
+    if not args.only.strip(",") or set(args.only) - set("abcdef,"):
+        parser.error(f"--only: scenarios are letters a to f, e.g. 'a,c'; got {args.only!r}")
     header("autotune: the default Loader against a grid of fixed settings" + (" (--quick)" if args.quick else ""))
     count, seconds, warm_after = (1000, 4.0, 2.0) if args.quick else (4000, 14.0, 6.0)
     repeat = args.repeat or (1 if args.quick else 3)
