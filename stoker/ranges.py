@@ -139,6 +139,8 @@ DOCTOR_SIZE = Range("size", "--size", 1, 65535, unit="pixels")
 BENCH_COUNT = Range("count", "--count", 1, 10_000_000, unit="photos")
 BENCH_REPEAT = Range("repeat", "--repeat", 1, 100)
 BENCH_BATCH = Range("batch", "--batch", 1, 1 << 16)
+# bench/autotune.py: the per-response rate of its scenario d (ShapedLink's stream_rate)
+BENCH_STREAM_MBIT = Range("stream_mbit", "--stream-mbit", 0, 1e6, integer=False, above=True, unit="Mbit/s")
 
 # Loader, QuasiRandomSampler, Augment and their saved states (no CLI options)
 SEED = Range("seed", "", 0, _SEED_MAX)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 
+from stoker.bench.autotune_run import Spec, warm_rate
+from stoker.bench.grid import Configuration, closing_line, grid_points, summarize
+from stoker.bench.grid import report as grid_report
 from stoker.bench.loader import Reader, Row, refuse_if_busy, report, restart_readers
 from stoker.bench.measure import CommandFailed, measure
 from stoker.bench.pack_rate import measure_packs, pack_report
@@ -92,3 +96,53 @@ def test_the_benchmark_refuses_to_run_on_a_busy_machine():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_a_grid_is_every_combination_and_the_default_loader_is_judged_against_its_best_and_median():
+    points = grid_points({"threads": [1, 3], "prefetch": [2, 4]}, [{"processes": 2, "threads": 1}])
+    assert points == [{"threads": 1, "prefetch": 2}, {"threads": 1, "prefetch": 4}, {"threads": 3, "prefetch": 2},
+                      {"threads": 3, "prefetch": 4}, {"processes": 2, "threads": 1}]
+
+    def configuration(name, settings, *warm, first=0.3, ran_with="3 threads, prefetch 2", decisions=0):
+        runs = [{"first_batch_s": first, "warm_images_per_s": w, "ran_with": ran_with, "decisions": decisions}
+                for w in warm]
+        return Configuration(name, settings, runs=runs)
+
+    grid = [configuration("slow", {"threads": 1}, 400.0, 500.0, 600.0),  # median 500
+            configuration("mid", {"threads": 2}, 700.0),
+            configuration("best", {"threads": 3}, 1000.0, float("nan")),  # a run with no warm batch is left out
+            Configuration("broken", {"threads": 9}, error="exit status 1: OptionError: threads ...")]
+    today = configuration("today", {}, 800.0, first=0.5)
+    default = configuration("default", {}, 960.0, first=0.4, ran_with="2 threads, prefetch 4, ...", decisions=3)
+    summary = summarize("a. fast local disk", default, today, grid)
+    assert summary.best is grid[2] and summary.median_rate == 700.0
+    assert summary.best_share == pytest.approx(0.96) and summary.within
+    assert summary.median_gain == pytest.approx(960 / 700)
+    text = "\n".join(grid_report(summary, grid))
+    assert "default / best grid point (threads=3): 0.96x (target >= 0.95x)" in text
+    assert "first batch: default 0.40 s, today's 0.50 s (target: no later)" in text
+    assert "the default Loader ran with: 2 threads, prefetch 4, ... (3 decisions); the best grid point: threads=3 " \
+           "(3 threads, prefetch 2)" in text
+    assert "broken" in text and "failed: exit status 1" in text
+    behind = summarize("b", configuration("default", {}, 900.0), today, grid)
+    assert not behind.within
+    failed = summarize("c", Configuration("default", {}, error="killed"), today, grid)
+    assert not failed.within and "no comparison" in grid_report(failed, grid)[-1]
+    assert closing_line([summary, behind, failed], 6) == "autotune: 1 of 6 scenarios within 5% of the grid's best"
+
+
+def test_the_warm_rate_counts_the_batches_after_the_warm_up():
+    ends = [(1.0, 10), (2.0, 10), (3.0, 10), (5.0, 10)]
+    assert warm_rate(ends, 2.5) == pytest.approx(20 / 3.0)  # from the end of the batch at 2.0 s
+    assert warm_rate(ends, 0.5) == pytest.approx(30 / 4.0)  # the first batch came later: from its end
+    assert math.isnan(warm_rate(ends, 6.0))
+
+
+def test_one_autotune_configuration_runs_in_a_fresh_process(packed):
+    """bench/autotune.py's runner: a Loader of the given settings reads for the given seconds and
+    says what it delivered and ran with, as one JSON line."""
+    spec = Spec(str(packed), loader={"threads": 2, "prefetch": 1, "tune": False}, batch=8, seconds=1.0, warm_after=0.3)
+    out = measure([sys.executable, "-m", "stoker.bench.autotune_run", spec.to_json()]).reports[-1]
+    assert out["ran_with"] == "2 threads, prefetch 1" and out["decisions"] == 0
+    assert out["images"] >= 8 and out["seconds"] >= 1.0 and out["first_batch_s"] > 0
+    assert out["warm_images_per_s"] > 0

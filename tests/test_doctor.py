@@ -90,6 +90,7 @@ def test_an_expensive_transform_is_named(photos):
     assert report.verdict.remedies[-1].name.startswith("data echoing")
     # the Loader cannot take a transform that blurs before cropping: it is not proposed with a made-up rate
     assert not any(r.name.startswith("pack, then stoker.Loader") for r in report.verdict.remedies)
+    assert report.verdict.tuner is None  # nor forecast from its run without that transform
     validate(report.to_dict())
 
 
@@ -151,6 +152,10 @@ def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
     assert report.storage.eviction_worked
     assert any(row.name.startswith("stoker.Loader") and row.images_per_s > 0 for row in report.loaders)
     assert report.sample_pack.loader > 0 and report.sample_pack.images >= report.sample_pack.distinct
+    tuner = report.verdict.tuner  # forecast from the Loader's own run on the sample pack, warm
+    assert tuner is not None and tuner.stages.per_core > 0 and 1 <= tuner.settings.threads <= report.settings["cores"] + 1
+    assert tuner.stages.storage is not None and tuner.stages.storage.link_bytes_per_s > 0  # the shards read cold
+    assert "its tuner would choose: " in report.to_text()
     validate(report.to_dict())
 
 
@@ -166,6 +171,7 @@ def test_a_user_dataset_is_timed_per_item():
     assert report.storage is None and report.decode is None
     assert [s.name for s in report.stages] == ["__getitem__"]
     assert report.bottleneck == "none"
+    assert report.verdict.tuner is None  # a Dataset object is not packed: no Loader to forecast
     validate(report.to_dict())
     starved = doctor(Squares(), step_time=1e-5, quick=True, workers=0)
     assert "inf" not in starved.to_text()

@@ -64,10 +64,13 @@ def test_doctor_on_a_packed_data_set_in_an_object_store(remote, far, link, tmp_p
     assert store.stage is not None and store.stage["cache_dir"] == "/dev/shm/stoker"  # 7 MB fits in RAM
     out = report.to_dict()
     validate(out)
-    assert out["schema_version"] == 5 and out["target"]["remote"] and out["target"]["kind"] == "packed"
+    assert out["schema_version"] == 6 and out["target"]["remote"] and out["target"]["kind"] == "packed"
     assert out["object_store"]["proposed"]["reads_in_flight"] == store.reads_in_flight
     reasons = " ".join(report.verdict.reasons)
     assert f"{store.reads_in_flight} reads of" in reasons and "object store" in reasons
+    tuner = report.verdict.tuner  # the model given the store's figures: its round trip, reads in flight, no processes
+    assert tuner is not None and tuner.stages.remote and tuner.settings.processes == 0
+    assert tuner.stages.storage is not None and tuner.stages.storage.first_byte_s >= DELAY
     text = report.to_text()
     assert "Object store (at most" in text and "first byte" in text and "<- proposed" in text
     assert "fetched into a local folder" in text  # the CPU probes ran on local copies, and say so

@@ -353,3 +353,6 @@ def test_the_doctor_predicts_the_loader_with_a_torchvision_pipeline(photos):
     loader = next(r for r in report.verdict.remedies if r.name.endswith("stoker.Loader with your transform"))
     assert loader.predicted_images_per_s and loader.predicted_images_per_s > 0, report.to_text()
     assert "transform=train_transform" in loader.how
+    tuner = report.verdict.tuner  # forecast from the Loader's run with the Compose, not the one without it
+    assert tuner is not None
+    assert f"sample pack, {report.sample_pack.loader_transform:,.0f} img/s on" in tuner.measured["per_core"]

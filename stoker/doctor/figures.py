@@ -23,6 +23,18 @@ class ObjectStore:
 
 
 @dataclass(frozen=True)
+class LoaderRun:
+    """stoker.Loader timed warm on the sample pack (with the user's transform, when one was given):
+    ``rate`` img/s on ``threads`` threads, which kept ``cores_used`` cores' worth of CPU busy while
+    other processes took ``other_cores``."""
+
+    rate: float
+    threads: int
+    cores_used: float
+    other_cores: float = 0.0
+
+
+@dataclass(frozen=True)
 class Figures:
     """The measured inputs of a verdict (see the probes for how each is measured). Rates are
     img/s of the whole machine unless named per core; ``None``: not measured here.
@@ -32,7 +44,9 @@ class Figures:
     ``stoker_loader_capped``: the same (with the transform, if any) on the sample shrunk to
     ``capped_side`` px as ``stoker pack --max-side`` shrinks it. ``loader_other_cores``: the
     cores' worth of CPU other processes used while the best DataLoader was timed.
-    ``object_store``: the data lies at a URL; ``storage_rate`` is then one read at a time."""
+    ``object_store``: the data lies at a URL; ``storage_rate`` is then one read at a time.
+    ``storage_latency_s``: a cold read's median latency, one at a time (a disk); ``loader_run``:
+    the stoker.Loader run the pipeline model's per-core rate comes from."""
 
     source: str
     loose: bool
@@ -65,3 +79,5 @@ class Figures:
     ssd_path: str | None = None
     ssd_copy_rate: float | None = None
     object_store: ObjectStore | None = None
+    storage_latency_s: float | None = None
+    loader_run: LoaderRun | None = None

@@ -125,9 +125,10 @@ class PackProbe:
     capped_folder: str | None = None
     rows: list[LoaderRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    modelled: LoaderRow | None = None  # the warm run the pipeline model's per-core rate comes from (with the transform)
 
     def timed(self, name: str, loader: Loader, seconds: float, before_pass: Callable[[], object] | None = None) -> float:
-        """Time ``loader`` over the pack as one long epoch; keep its row for the report; its img/s."""
+        """Time ``loader`` over the pack as one long epoch; keep its row for the report (:attr:`rows`); its img/s."""
         # Four batches suffice: the Loader's threads deliver steadily, not in bursts as DataLoader workers do.
         watch = CpuWatch().start()
         rate = time_passes(loader, seconds, before_pass=before_pass, min_batches=4)
@@ -190,6 +191,7 @@ def probe_pack(blobs: Sequence[bytes], folder: str, data_path: str, *, size: int
     probe.sequential_mb_per_s = sequential_rate(files, each / 2)
     try:
         probe.loader = probe.timed("sample pack, warm", stoker_loader(folder, batch_size, size), each)
+        probe.modelled = probe.rows[-1]
     except StokerError as e:  # an image that passed Pillow but not the Loader's decoder: the rest is not timed
         probe.notes.append(f"stoker.Loader could not read the sample pack: {e}")
         return probe
@@ -202,8 +204,10 @@ def probe_pack(blobs: Sequence[bytes], folder: str, data_path: str, *, size: int
     if rest is not None:
         probe.loader_transform = probe.timed("sample pack, warm, your transform after the crop",
                                              stoker_loader(folder, batch_size, size, rest), each)
+        probe.modelled = probe.rows[-1]
     elif not fits:
         probe.notes.append("stoker.Loader with this transform was not timed: it does not start with RandomResizedCrop")
+        probe.modelled = None  # the warm run left the transform out
     if capped:
         probe.capped_folder = f"{folder}-capped"
         pack_sample(capped_blobs, probe.capped_folder, probe.images, 1 << 62)

@@ -20,7 +20,8 @@ from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 5  # 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote
+# 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote; 6: verdict.tuner
+SCHEMA_VERSION = 6
 
 
 @dataclass
@@ -99,6 +100,8 @@ class DoctorReport:
         lines += ["", cpu] if cpu else []
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
+        if v.tuner is not None:
+            lines += ["", "The Loader's tuner (stoker.tune's pipeline model on the figures above)", *v.tuner.lines()]
         if v.remedies:
             lines += ["", "Remedies, best first (predicted img/s, from rates measured on the sample)"]
             for k, r in enumerate(v.remedies, 1):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch.utils.data
 from tqdm import tqdm
 
@@ -26,7 +27,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.decode import DecodeMode, decode_image
 from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, probe_decode, probe_stages, transform_stages
 from stoker.doctor.contention import CpuWatch
-from stoker.doctor.figures import ObjectStore
+from stoker.doctor.figures import LoaderRun, ObjectStore
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
 from stoker.doctor.pack_probe import PackProbe, probe_pack
 from stoker.doctor.prove import Sample, run_proof
@@ -224,7 +225,7 @@ def _figures(target: Target, storage: StorageReport | None, remote: RemoteReport
         decode_per_core=decode.pillow_per_core, jpeg_share=decode.jpeg_share, megapixels=decode.megapixels["p50"],
         stoker_loader=pack.loader, stoker_loader_cold=pack.loader_cold, stoker_loader_transform=pack.loader_transform,
         stoker_loader_gpu=pack.loader_gpu, stoker_loader_capped=pack.loader_capped, capped_side=decode.capped_side,
-        capped_bytes_share=decode.capped_bytes_share)
+        capped_bytes_share=decode.capped_bytes_share, loader_run=_loader_run(pack.modelled))
     if remote is not None:
         mean_bytes = remote.mean_item_bytes or pack.mean_bytes or 1.0
         one = remote.levels[0].mb_per_s if remote.levels else remote.one_request_mb_per_s
@@ -239,10 +240,19 @@ def _figures(target: Target, storage: StorageReport | None, remote: RemoteReport
     sequential_mb = storage.sequential_mb_per_s if not target.loose or not pack.same_device else pack.sequential_mb_per_s
     sequential = sequential_mb * 1e6 / mean_bytes if sequential_mb else None
     storage_rate = cold.per_second if target.loose or sequential is None else sequential
+    latency = storage.cold.latencies_ms
     return Figures(**common, **compute, storage_rate=storage_rate, storage_concurrency=cold.concurrency,
                    sequential_rate=sequential, dataset_bytes=mean_bytes * target.num_samples, mean_bytes=mean_bytes,
                    disk_shared=bool(storage.contention and storage.contention.shared),
-                   ssd_copy_rate=storage.copy_to_ssd_mb_per_s)
+                   ssd_copy_rate=storage.copy_to_ssd_mb_per_s,
+                   storage_latency_s=float(np.median(latency)) / 1e3 if len(latency) else None)
+
+
+def _loader_run(row: LoaderRow | None) -> LoaderRun | None:
+    """The pipeline model's figures of a stoker.Loader row: its rate, threads, cores used and others took."""
+    if row is None or row.cpu is None or row.cpu.seconds <= 0:
+        return None
+    return LoaderRun(row.images_per_s, row.workers, row.cpu.own_cpu_s / row.cpu.seconds, row.cpu.other_cores or 0.0)
 
 
 def _other_cores(row: LoaderRow) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from stoker.doctor.compute_probe import combined_rate
 from stoker.doctor.contention import SHARED_CORES
 from stoker.doctor.figures import Figures
+from stoker.doctor.forecast import Forecast, forecast
 from stoker.doctor.numbers import rounded
 from stoker.doctor.remedies import Remedy, remedies
 from stoker.doctor.remote_probe import size_words
@@ -30,7 +31,8 @@ CONTENDED_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Verdict:
-    """The bottleneck (``storage``, ``object store``, ``decode``, ``transform``, ``loader overhead`` or ``none``)."""
+    """The bottleneck (``storage``, ``object store``, ``decode``, ``transform``, ``loader overhead`` or
+    ``none``); ``tuner``: what a default stoker.Loader would reach and choose (None: not timed here)."""
 
     bottleneck: str
     needed_images_per_s: float | None
@@ -39,6 +41,7 @@ class Verdict:
     stage_rates: dict[str, float]
     reasons: list[str] = field(default_factory=list)
     remedies: list[Remedy] = field(default_factory=list)
+    tuner: Forecast | None = None
 
     def to_dict(self) -> dict:
         """The report's ``verdict`` section (rates that are no limit or not measured: null)."""
@@ -46,7 +49,8 @@ class Verdict:
                 "delivered_images_per_s": rounded(self.delivered_images_per_s),
                 "gpu_idle_fraction": rounded(self.gpu_idle_fraction, 3),
                 "stage_rates": {k: rounded(v) for k, v in self.stage_rates.items()},
-                "reasons": self.reasons, "remedies": [r.to_dict() for r in self.remedies]}
+                "reasons": self.reasons, "remedies": [r.to_dict() for r in self.remedies],
+                "tuner": self.tuner.to_dict() if self.tuner else None}
 
 
 def gpu_idle(rate: float, batch_size: int, step_time: float | None) -> float | None:
@@ -58,7 +62,7 @@ def gpu_idle(rate: float, batch_size: int, step_time: float | None) -> float | N
 
 
 def diagnose(f: Figures) -> Verdict:
-    """Name the bottleneck and rank the remedies from the figures alone."""
+    """Name the bottleneck, rank the remedies and forecast the tuning Loader, from the figures alone."""
     decode, transform = f.cores * f.decode_per_core, f.cores * f.transform_per_core
     cpu = f.cores * combined_rate([f.decode_per_core, f.transform_per_core])
     delivered = min(f.storage_rate, f.loader_rate)
@@ -98,7 +102,7 @@ def diagnose(f: Figures) -> Verdict:
         bottleneck = "decode" if 1 / f.decode_per_core >= 1 / f.transform_per_core else "transform"
     found = [] if bottleneck == "none" else remedies(f, delivered, cpu, needed)
     return Verdict(bottleneck, needed, delivered, gpu_idle(delivered, f.batch_size, f.step_time), rates, reasons,
-                   found)
+                   found, forecast(f))
 
 
 def _object_store_reason(f: Figures) -> str:

@@ -15,22 +15,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import _epochs
-import torchvision.transforms as T
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 import stoker.augment as A
 from stoker import CropSpec, Loader, ShardDataset  # imported at start, as a training script does
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def pipeline(name: str, size: int) -> T.Compose:
-    """The torchvision Compose a training script would hold."""
-    if name == "train":
-        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
-                          T.Normalize(MEAN, STD)])
-    return T.Compose([T.Resize(round(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), T.Normalize(MEAN, STD)])
+from stoker.bench.pipelines import MEAN, STD, pipeline
 
 
 class _ByHand:
