@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
+class PlacementWarning(UserWarning):
+    """Nodes read each other's shards more than a placement needs: the partitions do not deal
+    evenly over the nodes, or the nodes could not be told apart."""
+
+
 # Partitions per node by default, the first whose product with the node count the shards allow:
 # 12 nodes' worth divide evenly over 1, 2, 3, 4, 6 and 12 times fewer nodes, and over 2 and 3 times more.
 FACTORS = (12, 6, 4, 3, 2, 1)

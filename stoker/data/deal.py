@@ -1,0 +1,189 @@
+"""Dealing an epoch's chunks (the ranks' batches) from each node's own samples, as pure functions
+of numpy arrays and integers.
+
+    a node's partitions of one source, the samples consumed of each  ──stream_runs──>  its stream:
+        the partitions one after another (those begun first, then in the epoch's visit order), each
+        from where it was left; a source that repeats goes on with each partition's next pass
+    each chunk's samples per source, the node of its rank, what each node has left  ──deal──>
+        per chunk and source: samples from its node's stream; what that node lacks (a node's share
+        is smaller by up to a shard, or it holds none of a source), from the node with the most left
+    the pieces and the nodes' streams  ──gather──>  each source's samples in the order they are dealt
+
+Every node's stream is consumed from its start, in order, so the samples consumed of each partition
+are a prefix of its own sequence, whoever took them: a resume from per-partition counts goes on
+exactly, on any number of nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# What a node holding a source that repeats (a Mix's "repeat") has left of it: more than any epoch takes.
+ENDLESS = 1 << 62
+
+
+def stream(order_of_pass: Callable[[int], np.ndarray], size: int, first: int, count: int) -> np.ndarray:
+    """Samples ``first`` to ``first + count`` of one partition's stream: its passes one after
+    another (``order_of_pass(p)``: pass p's order of its ``size`` samples), so a source that runs
+    out goes on with its next pass."""
+    if count <= 0:
+        return np.zeros(0, np.int64)
+    if size <= 0:
+        raise ValueError("a partition with no samples cannot give any")
+    passes = range(first // size, (first + count - 1) // size + 1)
+    joined = np.concatenate([np.asarray(order_of_pass(p), np.int64) for p in passes])
+    skip = first - passes[0] * size
+    return joined[skip : skip + count]
+
+
+def stream_runs(sizes: np.ndarray, counts: np.ndarray, visit: np.ndarray, repeats: bool,
+                total: int) -> list[tuple[int, int, int]]:
+    """The first ``total`` samples of a node's stream of one source, as runs ``(partition, first,
+    count)``: samples ``first`` to ``first + count`` of that partition's own stream (its passes one
+    after another). ``sizes``, ``counts`` and ``visit`` are per partition the node holds (its
+    samples, those consumed, its place in the epoch's visit order); partitions are read whole, in
+    order of their pass, those begun first, then ``visit``. Without ``repeats`` a partition gives one
+    pass (``total`` must not exceed what is left)."""
+    heap = [(int(c) // int(s), int(c) % int(s) == 0, int(v), p) for p, (s, c, v) in enumerate(zip(sizes, counts, visit))
+            if s > 0 and (repeats or c < s)]
+    heapq.heapify(heap)
+    done = [int(c) for c in counts]
+    runs: list[tuple[int, int, int]] = []
+    left = total
+    while left > 0:
+        if not heap:
+            raise ValueError(f"a node's stream has {total - left} samples, {total} are dealt from it")
+        turn, _, place, p = heapq.heappop(heap)
+        count = min(int(sizes[p]) * (turn + 1) - done[p], left)
+        runs.append((p, done[p], count))
+        done[p] += count
+        left -= count
+        if repeats:
+            heapq.heappush(heap, (turn + 1, True, place, p))
+    return runs
+
+
+def node_left(sizes: np.ndarray, counts: np.ndarray, node_of: np.ndarray, nodes: int, repeats: bool) -> np.ndarray:
+    """What each node can give of each source (nodes, sources): the samples left of its partitions
+    (``sizes``, ``counts``: sources x partitions), or :data:`ENDLESS` for a source that repeats
+    where it holds any of its samples."""
+    node_of = np.asarray(node_of, np.int64)
+    left = np.zeros((nodes, sizes.shape[0]), np.int64)
+    for i in range(sizes.shape[0]):
+        if repeats:
+            left[:, i] = np.where(np.bincount(node_of, sizes[i], minlength=nodes) > 0, ENDLESS, 0)
+        else:
+            left[:, i] = np.bincount(node_of, np.maximum(sizes[i] - counts[i], 0), minlength=nodes)
+    return left
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Where each chunk's samples come from, in the order they are taken: ``count`` samples of
+    source ``source`` from node ``node``'s stream for chunk ``chunk`` (int64 arrays)."""
+
+    chunk: np.ndarray
+    source: np.ndarray
+    node: np.ndarray
+    count: np.ndarray
+
+
+def deal(counts: np.ndarray, chunk_node: np.ndarray, left: np.ndarray) -> Pieces:
+    """Which nodes' streams give each chunk its samples: ``counts`` (chunks x sources) of chunk k
+    from node ``chunk_node[k]``'s streams while it has them (``left``: nodes x sources); what a node
+    lacks comes from the node with the most left of that source (the lowest on ties). Chunks run
+    from their own nodes until one lacks something; only the chunks after that are dealt one by one."""
+    taken = _cumsum_by(counts, chunk_node)
+    short = (taken > left[chunk_node]).any(axis=1)
+    first_short = int(np.argmax(short)) if short.any() else len(counts)
+    chunk, source = np.nonzero(counts[:first_short])
+    pieces: list[tuple[np.ndarray, ...]] = [(chunk, source, chunk_node[chunk], counts[chunk, source])]
+    if first_short < len(counts):
+        left = left - _totals(counts[:first_short], chunk_node[:first_short], len(left))
+        pieces.append(_deal_each(counts, chunk_node, left, first_short))
+    return Pieces(*(np.concatenate([np.asarray(p[j], np.int64) for p in pieces]) for j in range(4)))
+
+
+def gather(pieces: Pieces, source: int, streams: dict[int, np.ndarray]) -> np.ndarray:
+    """Source ``source``'s samples in the order ``pieces`` deals them, from ``streams`` (node ->
+    the start of its stream of that source)."""
+    mine = pieces.source == source
+    nodes, counts = pieces.node[mine], pieces.count[mine]
+    if not len(counts):
+        return np.zeros(0, np.int64)
+    held = sorted(streams)
+    flat = np.concatenate([streams[n] for n in held])
+    base = np.concatenate([[0], np.cumsum([len(streams[n]) for n in held])])[np.searchsorted(held, nodes)]
+    within = _cumsum_by(counts[:, None], nodes)[:, 0] - counts  # where each piece starts in its node's stream
+    starts = base + within
+    ends = np.cumsum(counts)
+    return flat[np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]))]
+
+
+def _deal_each(counts: np.ndarray, chunk_node: np.ndarray, left: np.ndarray, first: int) -> tuple[np.ndarray, ...]:
+    """:func:`deal` from chunk ``first`` on, one chunk at a time (where nodes run short), until at
+    most one node has anything left of each source (then all of the rest comes from it)."""
+    have = left.tolist()  # nodes x sources, as Python ints: a loop over chunks
+    nodes, sources = range(len(have)), range(counts.shape[1])
+    out: list[tuple[int, int, int, int]] = []
+    emptied = True  # a node ran out of a source since the last look
+    for k in range(first, len(counts)):
+        if emptied and all(sum(have[n][i] > 0 for n in nodes) <= 1 for i in sources):
+            return _from_holders(counts, have, k, out)
+        emptied, own = False, int(chunk_node[k])
+        for i in np.flatnonzero(counts[k]).tolist():
+            need = int(counts[k, i])
+            while need:
+                giver = own if have[own][i] else max(nodes, key=lambda n: (have[n][i], -n))
+                give = min(need, have[giver][i])
+                if not give:
+                    raise ValueError(f"no node has samples of source {i} left for chunk {k}")
+                out.append((k, i, giver, give))
+                have[giver][i] -= give
+                need -= give
+                emptied |= not have[giver][i]
+    return _columns(out)
+
+
+def _from_holders(counts: np.ndarray, have: list[list[int]], first: int,
+                  out: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    """``out``, then the pieces of chunks ``first`` on, where at most one node has anything left of
+    each source: every sample of a source from the node that holds it."""
+    chunk, source = np.nonzero(counts[first:])
+    holder = np.array([max(range(len(have)), key=lambda n: have[n][i]) for i in range(counts.shape[1])], np.int64)
+    given = counts[first + chunk, source]
+    for i in range(counts.shape[1]):
+        if int(given[source == i].sum()) > have[holder[i]][i]:
+            raise ValueError(f"no node has samples of source {i} left for the chunks from {first} on")
+    return tuple(np.concatenate([a, b]) for a, b in zip(_columns(out), (first + chunk, source, holder[source], given)))
+
+
+def _columns(rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    """Rows of four integers as four int64 arrays."""
+    return tuple(np.array(column, np.int64) for column in zip(*rows)) if rows else tuple(np.zeros(0, np.int64)
+                                                                                          for _ in range(4))
+
+
+def _cumsum_by(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Running totals of ``values`` (rows) within each group of ``group``, in row order."""
+    if not len(values):
+        return values.copy()
+    order = np.argsort(group, kind="stable")
+    ordered = values[order]
+    running = np.cumsum(ordered, axis=0)
+    starts = np.r_[True, group[order][1:] != group[order][:-1]]
+    before = (running - ordered)[starts][np.cumsum(starts) - 1]  # the total before each row's group
+    out = np.empty_like(running)
+    out[order] = running - before
+    return out
+
+
+def _totals(counts: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """``counts`` (rows x sources) summed per group (groups x sources)."""
+    totals = np.zeros((groups, counts.shape[1]), np.int64)
+    np.add.at(totals, group, counts)
+    return totals
