@@ -5,7 +5,7 @@
       the reader's inside)                                    "world_size", "rank", "batch_size",
                                                               "order", "window", "blocks", "drop_last",
                                                               "samples_done", "mix", "consumed",
-                                                              "partitions", "nodes", "placement"}
+                                                              "partitions", "nodes", "placement", "split"}
 
 Every part has ``state_dict()``, ``load_state_dict(state)`` and ``set_epoch(epoch)`` (after the
 torchdata.nodes design: state is part of each node, not bolted on); :class:`Stateful` says so and
@@ -19,7 +19,8 @@ world size and per-rank batch size it was saved with, what determines the order 
 ``quasi_random`` its ``window`` and block layout; ``drop_last``; a mixture's ``mix``), and how many
 samples of the epoch the training loop has consumed across all ranks (``samples_done``), and
 where the data set is placed on nodes: its ``partitions`` of whole shards, the ``nodes`` it was
-saved on and the node of each partition (``placement``). A mixture, or several partitions, adds
+saved on, the node of each partition (``placement``) and how many of them a node reads together
+(``split``, which sets their windows). A mixture, or several partitions, adds
 the count of each source's partitions' samples consumed (``consumed``), from which each one's
 sequence goes on. Each partition's samples are consumed as a prefix of its own sequence, whoever
 read them (stoker/data/epoch.py), so rank 0's position serves every rank, and a position saved on
@@ -167,6 +168,7 @@ class Position:
     partitions: int = 1  # of whole shards, each source's (stoker/data/placement.py)
     nodes: int = 1  # the ranks' nodes when it was saved
     placement: tuple[int, ...] | None = None  # the node of each partition (None for one partition)
+    split: int = 1  # partitions a node reads together, each with that fraction of the window open
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain values (for torch.save or JSON)."""
@@ -193,7 +195,7 @@ class Position:
         if isinstance(state, dict) and state.get(_TAG) == 2 and state.get(_PART) == part:
             state = _from_version_2(state, name)
         if isinstance(state, dict) and state.get(_TAG) == 3 and state.get(_PART) == part:
-            state = {**state, _TAG: POSITION_VERSION, "partitions": 1, "nodes": 1, "placement": None}
+            state = {**state, _TAG: POSITION_VERSION, "partitions": 1, "nodes": 1, "placement": None, "split": 1}
         names = tuple(field for field in cls.__dataclass_fields__ if field != "part")
         values = read_state(state, part, names, version=POSITION_VERSION)
         world_size = checked(part, "world_size", values["world_size"], WORLD_SIZE)
@@ -250,6 +252,7 @@ class Position:
             partitions=partitions,
             nodes=nodes,
             placement=placement,
+            split=checked(part, "split", values["split"], Range("split", "", 1, partitions)),
         )
 
     def check_fits(self, current: Position, warn_seed: bool = True) -> str:

@@ -100,7 +100,8 @@ def run_epoch(order: BlockOrder | MixOrder, seed: int, epoch: int, rng: np.rando
             check_own_first(order, delivered, partitions)
         saved = Position("Loader", "digest", seed, epoch, world, 0, batch, order.order, *order.settings(), drop_last,
                          plans[0].batches.samples_done(kill), "mix" if order.counted else None,
-                         plans[0].consumed(kill), partitions, nodes, placement.node_of if partitions > 1 else None)
+                         plans[0].consumed(kill), partitions, nodes, placement.node_of if partitions > 1 else None,
+                         placement.split)
         so_far = np.concatenate([part for parts, _, _ in delivered for part in parts] or [np.zeros(0, np.int64)])
         if saved.consumed is not None:  # the state counts each source's partitions' samples delivered
             assert saved.consumed == tuple(np.bincount(order.part_of(so_far, partitions),
@@ -111,7 +112,7 @@ def run_epoch(order: BlockOrder | MixOrder, seed: int, epoch: int, rng: np.rando
         loaded = Position.from_dict(saved.to_dict(), "Loader")
         nodes, local, new_batch = next_world(rng, world, batch)
         loaded.check_fits(replace(saved, world_size=nodes * local, batch_size=new_batch, samples_done=0))
-        placement = Placement.of(loaded.partitions, nodes, loaded.placement, loaded.nodes)
+        placement = Placement.of(loaded.partitions, nodes, loaded.placement, loaded.nodes, loaded.split)
         done, consumed, batch, restarts = loaded.samples_done, loaded.consumed, new_batch, restarts + 1
 
 
@@ -138,14 +139,16 @@ def check_own_first(order: BlockOrder | MixOrder, delivered: list, partitions: i
 def check_partition_orders(order: BlockOrder | MixOrder, delivered: list, partitions: int, seed: int,
                            epoch: int) -> np.ndarray:
     """Each partition's samples were delivered in the order of its own sequence (its passes one after
-    another), whoever read them. Returns everything delivered, in order."""
+    another, each with its window: the run's ``split``), whoever read them. Returns everything
+    delivered, in order."""
+    split = delivered[0][1].split if delivered else 1
     together = np.concatenate([part for parts, _, _ in delivered for part in parts] or [np.zeros(0, np.int64)])
     ids = order.part_of(together, partitions)
     for part in np.unique(ids):
         source, p = divmod(int(part), partitions)
         size = int(order.blocks(source).partition_sizes(partitions)[p])
-        own = stream(functools.partial(order.pass_order, source, seed, epoch, partition=p, partitions=partitions),
-                     size, 0, int((ids == part).sum()))
+        own = stream(functools.partial(order.pass_order, source, seed, epoch, partition=p, partitions=partitions,
+                                       split=split), size, 0, int((ids == part).sum()))
         assert np.array_equal(together[ids == part], own)
     return together
 

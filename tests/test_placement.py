@@ -185,6 +185,7 @@ def test_many_nodes_explain_a_few_and_this_ranks(packed):
     sampler = stoker.QuasiRandomSampler(stoker.ShardDataset(packed), seed=0, num_replicas=12, rank=11, nodes=12)
     lines = sampler._passes.describe_placement()
     assert lines[0].startswith("  placement: 12 partitions of whole shards (the default for 12 nodes, 1 each")
-    assert [line.split(":")[0].strip() for line in lines[1:-1]] == [*(f"node {n}" for n in range(8)), "node 11"]
+    assert lines[1].startswith("    each node reads its partitions together, each with 16 blocks of window=16 open")
+    assert [line.split(":")[0].strip() for line in lines[2:-1]] == [*(f"node {n}" for n in range(8)), "node 11"]
     assert lines[-1] == "    ... and 3 more nodes"
     assert Placement.of(3, 5).describe(4) == "node 4: partitions none (fewer partitions than nodes)"

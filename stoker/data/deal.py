@@ -1,9 +1,9 @@
 """Dealing an epoch's chunks (the ranks' batches) from each node's own samples, as pure functions
 of numpy arrays and integers.
 
-    a node's partitions of one source, the samples consumed of each  ──stream_runs──>  its stream:
-        the partitions one after another (those begun first, then in the epoch's visit order), each
-        from where it was left; a source that repeats goes on with each partition's next pass
+    a node's partitions of one source, the samples consumed of each  ──node_stream──>  its stream:
+        the partitions read together, each from where it was left, at a pace that ends them together
+        (a source that repeats: each goes on with its next pass, at a pace of its size)
     each chunk's samples per source, the node of its rank, what each node has left  ──deal──>
         per chunk and source: samples from its node's stream; what that node lacks (a node's share
         is smaller by up to a shard, or it holds none of a source), from the node with the most left
@@ -16,7 +16,6 @@ exactly, on any number of nodes.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,31 +39,28 @@ def stream(order_of_pass: Callable[[int], np.ndarray], size: int, first: int, co
     return joined[skip : skip + count]
 
 
-def stream_runs(sizes: np.ndarray, counts: np.ndarray, visit: np.ndarray, repeats: bool,
-                total: int) -> list[tuple[int, int, int]]:
-    """The first ``total`` samples of a node's stream of one source, as runs ``(partition, first,
-    count)``: samples ``first`` to ``first + count`` of that partition's own stream (its passes one
-    after another). ``sizes``, ``counts`` and ``visit`` are per partition the node holds (its
-    samples, those consumed, its place in the epoch's visit order); partitions are read whole, in
-    order of their pass, those begun first, then ``visit``. Without ``repeats`` a partition gives one
-    pass (``total`` must not exceed what is left)."""
-    heap = [(int(c) // int(s), int(c) % int(s) == 0, int(v), p) for p, (s, c, v) in enumerate(zip(sizes, counts, visit))
-            if s > 0 and (repeats or c < s)]
-    heapq.heapify(heap)
-    done = [int(c) for c in counts]
-    runs: list[tuple[int, int, int]] = []
-    left = total
-    while left > 0:
-        if not heap:
-            raise ValueError(f"a node's stream has {total - left} samples, {total} are dealt from it")
-        turn, _, place, p = heapq.heappop(heap)
-        count = min(int(sizes[p]) * (turn + 1) - done[p], left)
-        runs.append((p, done[p], count))
-        done[p] += count
-        left -= count
-        if repeats:
-            heapq.heappush(heap, (turn + 1, True, place, p))
-    return runs
+def node_stream(sizes: np.ndarray, counts: np.ndarray, ties: np.ndarray, repeats: bool, total: int,
+                take: Callable[[int, int, int], np.ndarray]) -> np.ndarray:
+    """The first ``total`` samples of a node's stream of one source: its partitions read together,
+    each at a pace proportional to what it has left of its pass (a source that repeats: to its
+    size), so that they end together and the node's open blocks come from all of them. ``sizes``,
+    ``counts`` (samples consumed) and ``ties`` (the order of equal places) are per partition the
+    node holds; ``take(p, first, count)`` gives samples ``first`` to ``first + count`` of partition
+    p's own stream (its passes one after another). Sample j after ``counts[p]`` of partition p comes
+    at (j + 1/2) / pace_p, so every partition gives a prefix of its stream."""
+    if total <= 0:
+        return np.zeros(0, np.int64)
+    sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
+    pace = sizes if repeats else sizes - counts
+    live = np.flatnonzero((sizes > 0) & (pace > 0))
+    want = np.ceil(total * pace[live] / max(1, int(pace[live].sum()))).astype(np.int64) + len(live) + 1
+    if not repeats:
+        want = np.minimum(want, pace[live])
+    if int(want.sum()) < total:
+        raise ValueError(f"a node's stream has {int(want.sum())} samples, {total} are dealt from it")
+    places = np.concatenate([(np.arange(n) + 0.5) / pace[p] for p, n in zip(live, want)])
+    samples = np.concatenate([take(int(p), int(counts[p]), int(n)) for p, n in zip(live, want)])
+    return samples[np.lexsort((np.repeat(ties[live], want), places))[:total]]
 
 
 def node_left(sizes: np.ndarray, counts: np.ndarray, node_of: np.ndarray, nodes: int, repeats: bool) -> np.ndarray:

@@ -38,7 +38,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from stoker.data.deal import deal, gather, node_left, stream, stream_runs
+from stoker.data.deal import deal, gather, node_left, node_stream, stream
 from stoker.data.order import quasi_random_order, rank_positions, sub_seed
 from stoker.data.placement import Placement, shard_partitions
 from stoker.ranges import ORDER
@@ -80,9 +80,10 @@ class EpochOrder(Protocol):
         """Source ``source``'s blocks and shards."""
 
     def pass_order(self, source: int, seed: int, epoch: int, number: int, partition: int = 0,
-                   partitions: int = 1) -> np.ndarray:
+                   partitions: int = 1, split: int = 1) -> np.ndarray:
         """Pass ``number`` of ``partition`` (of ``partitions``) of source ``source`` in ``epoch``: its
-        samples in order, as the reader's indices."""
+        samples in order, as the reader's indices, a 1/``split`` of the source's window open (see
+        :meth:`SourceBlocks.sequence`)."""
 
     def part_of(self, indices: np.ndarray, partitions: int) -> np.ndarray:
         """The partition of each sample, numbered source after source (``source * partitions + p``)."""
@@ -144,14 +145,18 @@ class SourceBlocks:
         """Samples per partition."""
         return np.bincount(self.block_partitions(partitions), np.diff(self.bounds), minlength=partitions).astype(np.int64)
 
-    def sequence(self, order: Order, seed: int, epoch: int, partition: int, partitions: int) -> np.ndarray:
-        """:func:`epoch_sequence` over the blocks of ``partition`` (of ``partitions``): its samples."""
+    def sequence(self, order: Order, seed: int, epoch: int, partition: int, partitions: int,
+                 split: int = 1) -> np.ndarray:
+        """:func:`epoch_sequence` over the blocks of ``partition`` (of ``partitions``), its samples,
+        with 1/``split`` of ``window`` open (a node reads ``split`` partitions together: see
+        :class:`stoker.data.placement.Placement`)."""
+        window = -(-self.window // split)
         if partitions == 1:
-            return epoch_sequence(self.bounds, order, self.window, seed, epoch)
+            return epoch_sequence(self.bounds, order, window, seed, epoch)
         blocks = np.flatnonzero(self.block_partitions(partitions) == partition)
         firsts = self.bounds[blocks]
         local = np.concatenate([[0], np.cumsum(self.bounds[blocks + 1] - firsts)]).astype(np.int64)
-        within = epoch_sequence(local, order, self.window, seed, epoch)
+        within = epoch_sequence(local, order, window, seed, epoch)
         block = np.searchsorted(local, within, side="right") - 1
         return firsts[block] + (within - local[block])
 
@@ -180,11 +185,11 @@ class BlockOrder:
         return self._blocks
 
     def pass_order(self, source: int, seed: int, epoch: int, number: int, partition: int = 0,
-                   partitions: int = 1) -> np.ndarray:
+                   partitions: int = 1, split: int = 1) -> np.ndarray:
         """See :meth:`EpochOrder.pass_order` (one pass: ``number`` is 0). One partition has the run's
         seed, each of several its own."""
         seed = seed if partitions == 1 else sub_seed(seed, partition)
-        return self._blocks.sequence(self.order, seed, epoch, partition, partitions)
+        return self._blocks.sequence(self.order, seed, epoch, partition, partitions, split)
 
     def part_of(self, indices: np.ndarray, partitions: int) -> np.ndarray:
         """See :meth:`EpochOrder.part_of`."""
@@ -250,25 +255,28 @@ def dealt_sequence(order: EpochOrder, seed: int, epoch: int, start: int, chunks:
     node_of = np.array(placement.node_of, np.int64)
     nodes = np.zeros(len(chunks), np.int64) if chunk_node is None else chunk_node
     pieces = deal(per_chunk, nodes, node_left(sizes, counts, node_of, placement.nodes, order.repeats))
-    visit = _visit(order.order, partitions, seed, epoch)
+    ties = _ties(order.order, partitions, seed, epoch)
     streams = []
     for i in range(order.sources):
         mine = pieces.source == i
         by_node = {}
         for node in np.unique(pieces.node[mine]).tolist():
             held = placement.held_by(node)
+
+            def take(p: int, first: int, count: int, source: int = i, held: np.ndarray = held) -> np.ndarray:
+                passes = functools.partial(order.pass_order, source, seed, epoch, partition=int(held[p]),
+                                           partitions=partitions, split=placement.split)
+                return stream(passes, int(sizes[source, held[p]]), first, count)
+
             total = int(pieces.count[mine & (pieces.node == node)].sum())
-            runs = stream_runs(sizes[i, held], counts[i, held], visit[held], order.repeats, total)
-            by_node[node] = np.concatenate([
-                stream(functools.partial(order.pass_order, i, seed, epoch, partition=int(held[p]), partitions=partitions),
-                       int(sizes[i, held[p]]), first, count) for p, first, count in runs])
+            by_node[node] = node_stream(sizes[i, held], counts[i, held], ties[held], order.repeats, total, take)
         streams.append(gather(pieces, i, by_node))
     return order.arrange(per_chunk, streams)
 
 
-def _visit(order: Order, partitions: int, seed: int, epoch: int) -> np.ndarray:
-    """Each partition's place in the order a node reads its partitions in ``epoch``: drawn anew each
-    epoch, or their numbers for the ``sequential`` order."""
+def _ties(order: Order, partitions: int, seed: int, epoch: int) -> np.ndarray:
+    """Which partition of a node goes first where several come at the same place of its stream:
+    drawn anew each epoch, or by number for the ``sequential`` order."""
     if order == "sequential" or partitions == 1:
         return np.arange(partitions, dtype=np.int64)
     return np.argsort(np.random.default_rng([seed, epoch, partitions]).permutation(partitions))

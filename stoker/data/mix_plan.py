@@ -175,12 +175,12 @@ class MixOrder:
         return self.window, "; ".join(f"{name}: {layout}" for name, layout in zip(self.names, layouts))
 
     def pass_order(self, source: int, seed: int, epoch: int, number: int, partition: int = 0,
-                   partitions: int = 1) -> np.ndarray:
-        """Pass ``number`` of source ``source`` (of its ``partition`` of ``partitions``) in ``epoch``:
-        its own order of its samples, as mix indices."""
+                   partitions: int = 1, split: int = 1) -> np.ndarray:
+        """Pass ``number`` of source ``source`` (of its ``partition`` of ``partitions``, 1/``split``
+        of its window open) in ``epoch``: its own order of its samples, as mix indices."""
         words = (seed, source, number, partition) if partitions > 1 else (seed, source, number)
-        return self._blocks[source].sequence(self.order, sub_seed(*words), epoch, partition,
-                                             partitions) + self.offsets[source]
+        return self._blocks[source].sequence(self.order, sub_seed(*words), epoch, partition, partitions,
+                                             split) + self.offsets[source]
 
     def counts(self, start: int, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> np.ndarray:
         """Each chunk's samples per source (chunks, sources) from ``start``, where source i has given

@@ -212,7 +212,7 @@ class Passes:
         return Position(self.part, dataset, self.seed, self.cursor.epoch if epoch is None else epoch, self.world_size,
                         self.rank, self.batch_size, self.epoch_order.order, window, blocks, self.drop_last,
                         samples_done, mix, consumed, placement.partitions, self.nodes,
-                        placement.node_of if placement.partitions > 1 else None)
+                        placement.node_of if placement.partitions > 1 else None, placement.split)
 
     def load(self, state: dict[str, Any]) -> tuple[Position, str]:
         """The next pass resumes ``state`` (see :meth:`stoker.state.Position.resumed_by`, which refuses
@@ -244,7 +244,7 @@ class Passes:
             warnings.warn(f"stoker.{self.part} was built with partitions={given} and loads a state saved mid-epoch with "
                           f"{saved.partitions}: it takes {saved.partitions} (the state counts its epoch per partition); "
                           "a state saved at an epoch's end takes partitions=", StateWarning, stacklevel=4)
-        self.placement = Placement.of(saved.partitions, self.nodes, saved.placement, saved.nodes)
+        self.placement = Placement.of(saved.partitions, self.nodes, saved.placement, saved.nodes, saved.split)
         self.partitions_from = "taken from the loaded state"
         self._warn_uneven()
 
@@ -270,6 +270,10 @@ class Passes:
                  f"on node {self.node}"]
         if placement.partitions == 1 and nodes == 1:
             return lines
+        window = -(-self.epoch_order.window // placement.split)
+        lines.append(f"    each node reads its partitions together, each with {window} block{'s' * (window > 1)} of "
+                     f"window={self.epoch_order.window} open ({placement.split} per node when the run was placed); "
+                     "at an epoch's end a node that has read all of its own reads others' (a tail)")
         shown = sorted({*range(min(nodes, 8)), self.node})
         for node in shown:
             shards = sum(len(s) for s in self.node_shards(node))

@@ -95,20 +95,26 @@ def even_node_counts(partitions: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Placement:
-    """The node of each partition (``node_of``) on ``nodes`` nodes, and where it came from (for
-    explain()): ``before``, the node of each partition in the state it was placed from (on
+    """The node of each partition (``node_of``) on ``nodes`` nodes; ``split``: the partitions a node
+    held when the run was placed, which it reads together, each with that fraction of the order's
+    window open (so a node keeps about ``window`` blocks open); and where the placement came from
+    (for explain()): ``before``, the node of each partition in the state it was placed from (on
     ``before_nodes`` nodes), or None."""
 
     nodes: int
     node_of: tuple[int, ...]
+    split: int = 1
     before: tuple[int, ...] | None = None
     before_nodes: int = 1
 
     @classmethod
-    def of(cls, partitions: int, nodes: int, before: tuple[int, ...] | None = None, before_nodes: int = 1) -> Placement:
-        """``partitions`` placed on ``nodes`` nodes (see :func:`place`), from ``before`` where given."""
+    def of(cls, partitions: int, nodes: int, before: tuple[int, ...] | None = None, before_nodes: int = 1,
+           split: int | None = None) -> Placement:
+        """``partitions`` placed on ``nodes`` nodes (see :func:`place`), from ``before`` where given;
+        ``split`` as a state recorded it, else the partitions each node holds now."""
         previous = None if before is None else np.array(before, np.int64)
-        return cls(nodes, tuple(int(n) for n in place(partitions, nodes, previous)), before, before_nodes)
+        split = max(1, partitions // nodes) if split is None else split
+        return cls(nodes, tuple(int(n) for n in place(partitions, nodes, previous)), split, before, before_nodes)
 
     @property
     def partitions(self) -> int:
