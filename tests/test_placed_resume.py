@@ -191,6 +191,29 @@ def test_random_kills_nodes_and_ranks_per_node_over_a_mix_deliver_its_plan(chunk
     assert restarts > 2 * 20
 
 
+@pytest.mark.parametrize("case", range(40))
+def test_a_resume_on_the_same_nodes_repeats_the_run_that_was_not_stopped(case):
+    """The plan from a state depends on the state's counts alone: killed anywhere and resumed on the
+    same nodes, ranks and batch, every rank reads what it would have read."""
+    rng = np.random.default_rng([42, 7, case])
+    bounds, starts = random_shards(rng)
+    order = random_mix(rng, case) if case % 2 else BlockOrder(bounds, ORDERS[case % 3], 3, starts)
+    nodes, local, batch = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    placement = Placement.of(int(rng.integers(1, shards_of(order) + 1)), nodes)
+    world = nodes * local
+
+    def plans(start: int, consumed: tuple[int, ...] | None) -> list:
+        return [plan_epoch(order, seed=case, epoch=2, start=start, world_size=world, rank=r, batch_size=batch,
+                           drop_last=False, consumed=consumed, placement=placement) for r in range(world)]
+
+    whole = plans(0, None)
+    for kill in rng.integers(0, len(whole[0].batches) + 1, 3):
+        kill = int(kill)
+        resumed = plans(whole[0].batches.samples_done(kill), whole[0].consumed(kill))
+        for before, after in zip(whole, resumed):
+            assert np.array_equal(before.share[kill * batch :], after.share)
+
+
 def test_one_partition_is_the_global_order_on_any_nodes():
     """One partition (a state of a run before placement, or a default one-node run) deals the one
     global sequence to the ranks in turn, whatever the nodes: the order of an unplaced run."""

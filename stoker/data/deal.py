@@ -2,8 +2,8 @@
 of numpy arrays and integers.
 
     a node's partitions of one source, the samples consumed of each  ──node_stream──>  its stream:
-        the partitions read together, each from where it was left, at a pace that ends them together
-        (a source that repeats: each goes on with its next pass, at a pace of its size)
+        the partitions read together, each from where it was left, at a pace of its size (a source
+        that repeats: each goes on with its next pass)
     each chunk's samples per source, the node of its rank, what each node has left  ──deal──>
         per chunk and source: samples from its node's stream; what that node lacks (a node's share
         is smaller by up to a shard, or it holds none of a source), from the node with the most left
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# What a node holding a source that repeats (a Mix's "repeat") has left of it: more than any epoch takes.
+# What a node holding a source that repeats (a Mix's "repeat") has left of it, whatever it gave: more
+# than any epoch takes.
 ENDLESS = 1 << 62
 
 
@@ -42,25 +43,46 @@ def stream(order_of_pass: Callable[[int], np.ndarray], size: int, first: int, co
 def node_stream(sizes: np.ndarray, counts: np.ndarray, ties: np.ndarray, repeats: bool, total: int,
                 take: Callable[[int, int, int], np.ndarray]) -> np.ndarray:
     """The first ``total`` samples of a node's stream of one source: its partitions read together,
-    each at a pace proportional to what it has left of its pass (a source that repeats: to its
-    size), so that they end together and the node's open blocks come from all of them. ``sizes``,
-    ``counts`` (samples consumed) and ``ties`` (the order of equal places) are per partition the
-    node holds; ``take(p, first, count)`` gives samples ``first`` to ``first + count`` of partition
-    p's own stream (its passes one after another). Sample j after ``counts[p]`` of partition p comes
-    at (j + 1/2) / pace_p, so every partition gives a prefix of its stream."""
+    each at a pace proportional to its size, so that partitions begun together end together and the
+    node's open blocks come from all of them. ``sizes``, ``counts`` (samples consumed) and ``ties``
+    (the order of equal places) are per partition the node holds; ``take(p, first, count)`` gives
+    samples ``first`` to ``first + count`` of partition p's own stream (its passes one after
+    another; without ``repeats``, one pass). Sample j of partition p's stream comes at
+    (j + 1/2) / size_p, the same place whatever was consumed before: so every partition gives a
+    prefix of its stream, and a stream resumed from its counts goes on as it would have."""
     if total <= 0:
         return np.zeros(0, np.int64)
     sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
-    pace = sizes if repeats else sizes - counts
-    live = np.flatnonzero((sizes > 0) & (pace > 0))
-    want = np.ceil(total * pace[live] / max(1, int(pace[live].sum()))).astype(np.int64) + len(live) + 1
-    if not repeats:
-        want = np.minimum(want, pace[live])
-    if int(want.sum()) < total:
-        raise ValueError(f"a node's stream has {int(want.sum())} samples, {total} are dealt from it")
-    places = np.concatenate([(np.arange(n) + 0.5) / pace[p] for p, n in zip(live, want)])
+    live = np.flatnonzero((sizes > 0) & (repeats | (counts < sizes)))
+    size, done = sizes[live], counts[live]
+    left = np.full(len(live), total) if repeats else size - done
+
+    if not len(live) or int(left.sum()) < total:
+        raise ValueError(f"a node's stream has {int(left.sum())} samples, {total} are dealt from it")
+    place = _place_of(total, size, done, left)
+    want = np.clip(np.floor(place * size - 0.5).astype(np.int64) - done + 1, 0, left)  # each one's samples up to it
+    places = np.concatenate([(c + np.arange(n) + 0.5) / s for c, n, s in zip(done, want, size)])
     samples = np.concatenate([take(int(p), int(counts[p]), int(n)) for p, n in zip(live, want)])
     return samples[np.lexsort((np.repeat(ties[live], want), places))[:total]]
+
+
+def _place_of(total: int, size: np.ndarray, done: np.ndarray, left: np.ndarray) -> float:
+    """A place in a node's stream (see :func:`node_stream`) at or after its ``total``-th sample, and
+    before its ``total + len(size)``-th: where the samples that come continuously, partition p's
+    between (done_p + 1/2) / size_p and (done_p + left_p + 1/2) / size_p, add up to ``total``."""
+    def continuous(at: np.ndarray) -> np.ndarray:
+        return np.clip(at[:, None] * size - done - 0.5, 0, left).sum(axis=1)
+
+    points = np.unique(np.concatenate([(done + 0.5) / size, (done + left + 0.5) / size]))
+    reached = continuous(points)
+    after = int(np.searchsorted(reached, total))  # the first point where the samples add up to total
+    before = points[after - 1] if after else points[0]
+    active = (before * size >= done + 0.5) & (before * size < done + left + 0.5)
+    place = before + (total - (reached[after - 1] if after else 0)) / max(1, int(size[active].sum()))
+    place = min(place, float(points[min(after, len(points) - 1)]))
+    while int(np.clip(np.floor(place * size - 0.5).astype(np.int64) - done + 1, 0, left).sum()) < total:
+        place += 1 / float(size.max())  # rounding left it short
+    return place
 
 
 def node_left(sizes: np.ndarray, counts: np.ndarray, node_of: np.ndarray, nodes: int, repeats: bool) -> np.ndarray:
@@ -99,7 +121,7 @@ def deal(counts: np.ndarray, chunk_node: np.ndarray, left: np.ndarray) -> Pieces
     chunk, source = np.nonzero(counts[:first_short])
     pieces: list[tuple[np.ndarray, ...]] = [(chunk, source, chunk_node[chunk], counts[chunk, source])]
     if first_short < len(counts):
-        left = left - _totals(counts[:first_short], chunk_node[:first_short], len(left))
+        left = np.where(left == ENDLESS, ENDLESS, left - _totals(counts[:first_short], chunk_node[:first_short], len(left)))
         pieces.append(_deal_each(counts, chunk_node, left, first_short))
     return Pieces(*(np.concatenate([np.asarray(p[j], np.int64) for p in pieces]) for j in range(4)))
 
@@ -139,7 +161,8 @@ def _deal_each(counts: np.ndarray, chunk_node: np.ndarray, left: np.ndarray, fir
                 if not give:
                     raise ValueError(f"no node has samples of source {i} left for chunk {k}")
                 out.append((k, i, giver, give))
-                have[giver][i] -= give
+                if have[giver][i] != ENDLESS:  # a repeating source's holders stay alike: no history decides
+                    have[giver][i] -= give
                 need -= give
                 emptied |= not have[giver][i]
     return _columns(out)
