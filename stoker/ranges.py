@@ -149,6 +149,8 @@ START_EPOCH = Range("start_epoch", "", EPOCH.low, EPOCH.high)
 BATCH_SIZE = Range("batch_size", "", 1, 1 << 31)
 WINDOW = Range("window", "", 1, 1 << 31)
 WORLD_SIZE = Range("world_size", "", 1, 1 << 20)
+NODES = Range("nodes", "", 1, WORLD_SIZE.high)
+PARTITIONS = Range("partitions", "", 1, 1 << 20)
 ORDER = Choice("order", ("quasi_random", "random", "sequential"))
 DROP_LAST = Choice("drop_last", (False, True))
 

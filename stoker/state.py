@@ -1,10 +1,11 @@
 """One resume protocol for every stateful part of an input pipeline, and the records it saves.
 
-    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 3, "part": "Loader",
+    reader (Loader, QuasiRandomSampler)  ──state_dict()──>  {"stoker_state": 4, "part": "Loader",
       wrapped by echo / watch (their own records,             "dataset": <digest>, "seed", "epoch",
       the reader's inside)                                    "world_size", "rank", "batch_size",
                                                               "order", "window", "blocks", "drop_last",
-                                                              "samples_done", "mix", "consumed"}
+                                                              "samples_done", "mix", "consumed",
+                                                              "partitions", "nodes", "placement", "split"}
 
 Every part has ``state_dict()``, ``load_state_dict(state)`` and ``set_epoch(epoch)`` (after the
 torchdata.nodes design: state is part of each node, not bolted on); :class:`Stateful` says so and
@@ -16,18 +17,23 @@ got and what it expected, and :func:`checked` refuses a field whose value is out
 A reader's state is a :class:`Position`: which data set (its manifest's digest), seed, epoch, the
 world size and per-rank batch size it was saved with, what determines the order (``order``; for
 ``quasi_random`` its ``window`` and block layout; ``drop_last``; a mixture's ``mix``), and how many
-samples of the epoch's global sequence the training loop has consumed across all ranks
-(``samples_done``; a mixture adds each source's count, ``consumed``, from which its sequence goes
-on). The sequence is the same for any world size (stoker/data/epoch.py), so rank 0's position
-serves every rank, and a position saved on W ranks resumes on W' ranks (:meth:`Position.check_fits`):
-with the same global batch (each rank's batch is ``W * batch_size / W'``) or with the same per-rank
-batch. Loading a position saved for another data set, order or kind of reader, or with a batch
-size that keeps neither, raises :class:`StateError` naming both values; a mixture saved with other
-weights or options starts a new mix instead, with a :class:`StateWarning` (:meth:`Position.resumed_by`).
-Another seed is not refused: the state's seed is taken, so
-the resumed run goes on with the saved run's order and crops, and a :class:`StateWarning` names both
-seeds. Positions of format version 2 counted one rank's share: those saved on one rank are read
-as they are; those of several ranks, and version 1 ones, are refused with how to restart the epoch.
+samples of the epoch the training loop has consumed across all ranks (``samples_done``), and
+where the data set is placed on nodes: its ``partitions`` of whole shards, the ``nodes`` it was
+saved on, the node of each partition (``placement``) and how many of them a node reads together
+(``split``, which sets their windows). A mixture, or several partitions, adds
+the count of each source's partitions' samples consumed (``consumed``), from which each one's
+sequence goes on. Each partition's samples are consumed as a prefix of its own sequence, whoever
+read them (stoker/data/epoch.py), so rank 0's position serves every rank, and a position saved on
+W ranks of N nodes resumes on W' ranks of N' nodes (:meth:`Position.check_fits`): with the same
+global batch (each rank's batch is ``W * batch_size / W'``) or with the same per-rank batch.
+Loading a position saved for another data set, order or kind of reader, or with a batch size that
+keeps neither, raises :class:`StateError` naming both values; a mixture saved with other weights
+or options starts a new mix instead, with a :class:`StateWarning` (:meth:`Position.resumed_by`).
+Another seed is not refused: the state's seed is taken, so the resumed run goes on with the saved
+run's order and crops, and a :class:`StateWarning` names both seeds. Positions of format version
+3 had no placement: they are read as one partition on one node (the same order). Positions of
+format version 2 counted one rank's share: those saved on one rank are read as they are; those of
+several ranks, and version 1 ones, are refused with how to restart the epoch.
 
 A reader iterated by the loop knows what the loop consumed: every batch it yielded. A torch
 DataLoader has no state and its workers read ahead, so its QuasiRandomSampler is asked instead,
@@ -42,10 +48,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from stoker.errors import StokerError
-from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, ORDER, SEED, WINDOW, WORLD_SIZE, Choice, Range
+from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, NODES, ORDER, PARTITIONS, SEED, WINDOW, WORLD_SIZE, Choice, Range
 
 STATE_VERSION = 2  # the records of echo, watch and Augment
-POSITION_VERSION = 3  # a reader's Position (3: samples done across all ranks; elastic)
+POSITION_VERSION = 4  # a reader's Position (3: samples done across all ranks, elastic; 4: placed on nodes)
 _TAG = "stoker_state"
 _PART = "part"
 
@@ -156,12 +162,19 @@ class Position:
     drop_last: bool
     samples_done: int  # samples of the epoch's global sequence consumed, all ranks together
     mix: str | None = None  # a mixture's digest (its sources, sizes, weights, options); None for one data set
-    consumed: tuple[int, ...] | None = None  # a mixture's samples consumed per source at samples_done
+    # Samples consumed at samples_done of each source's partitions (source after source): for a
+    # mixture or several partitions; None for one partition of one data set (samples_done says it).
+    consumed: tuple[int, ...] | None = None
+    partitions: int = 1  # of whole shards, each source's (stoker/data/placement.py)
+    nodes: int = 1  # the ranks' nodes when it was saved
+    placement: tuple[int, ...] | None = None  # the node of each partition (None for one partition)
+    split: int = 1  # partitions a node reads together, each with that fraction of the window open
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain values (for torch.save or JSON)."""
         fields = asdict(self)
-        fields["consumed"] = list(self.consumed) if self.consumed is not None else None
+        for name in ("consumed", "placement"):
+            fields[name] = list(fields[name]) if fields[name] is not None else None
         return record(fields.pop("part"), version=POSITION_VERSION, **fields)
 
     @classmethod
@@ -181,6 +194,8 @@ class Position:
                              f"{state.get('epoch')!r}) to restart its epoch instead")
         if isinstance(state, dict) and state.get(_TAG) == 2 and state.get(_PART) == part:
             state = _from_version_2(state, name)
+        if isinstance(state, dict) and state.get(_TAG) == 3 and state.get(_PART) == part:
+            state = {**state, _TAG: POSITION_VERSION, "partitions": 1, "nodes": 1, "placement": None, "split": 1}
         names = tuple(field for field in cls.__dataclass_fields__ if field != "part")
         values = read_state(state, part, names, version=POSITION_VERSION)
         world_size = checked(part, "world_size", values["world_size"], WORLD_SIZE)
@@ -199,18 +214,26 @@ class Position:
         mix, consumed = values["mix"], values["consumed"]
         if mix is not None and (not isinstance(mix, str) or not mix):
             raise StateError(f"{name} cannot load this state: mix={mix!r} must be None or a mixture's digest")
+        partitions = checked(part, "partitions", values["partitions"], PARTITIONS)
+        nodes = checked(part, "nodes", values["nodes"], NODES)
+        placement = _placement(name, values["placement"], partitions, nodes)
+        counted = mix is not None or partitions > 1
         if consumed is not None:
             if not isinstance(consumed, (list, tuple)):
                 raise StateError(f"{name} cannot load this state: consumed={consumed!r} must be None or a "
-                                 "list of per-source counts")
+                                 "list of counts per source and partition")
             consumed = tuple(checked(part, "consumed", count, COUNT) for count in consumed)
-            if mix is None or sum(consumed) != values["samples_done"]:
-                raise StateError(f"{name} cannot load this state: consumed={list(consumed)!r} must count a "
-                                 f"mixture's samples_done={values['samples_done']!r} per source (mix={mix!r})")
-        elif mix is not None and values["samples_done"] != 0:
-            raise StateError(f"{name} cannot load this state: a mixture's state after "
+            if not counted or sum(consumed) != values["samples_done"]:
+                whose = "a mixture's" if mix is not None else "several partitions'" if counted else "(only) a mixture's"
+                raise StateError(f"{name} cannot load this state: consumed={list(consumed)!r} must count {whose} "
+                                 f"samples_done={values['samples_done']!r} per source and partition (mix={mix!r}, "
+                                 f"partitions={partitions})")
+        elif counted and values["samples_done"] != 0:
+            whose = "a mixture's" if mix is not None else "several partitions'"
+            raise StateError(f"{name} cannot load this state: {whose} state after "
                              f"samples_done={values['samples_done']!r} samples needs consumed, the count of each "
-                             f"source's samples among them, and has none (mix={mix!r})")
+                             f"source's partitions' samples among them, and has none (mix={mix!r}, "
+                             f"partitions={partitions})")
         return cls(
             part=part,
             dataset=values["dataset"],
@@ -226,6 +249,10 @@ class Position:
             samples_done=checked(part, "samples_done", values["samples_done"], COUNT),
             mix=mix,
             consumed=consumed,
+            partitions=partitions,
+            nodes=nodes,
+            placement=placement,
+            split=checked(part, "split", values["split"], Range("split", "", 1, partitions)),
         )
 
     def check_fits(self, current: Position, warn_seed: bool = True) -> str:
@@ -288,9 +315,9 @@ def resume_mode(saved_world: int, saved_batch: int, world: int, batch: int, read
 
 
 def _from_version_2(state: dict[str, Any], name: str) -> dict[str, Any]:
-    """A version 2 position as version 3, where that is exact: saved on one rank, its count of that
-    rank's share is the count of the epoch's sequence (the same order). A sampler's batch_size was
-    None (it is 1, sample by sample, now)."""
+    """A version 2 position as version 3 (then read as version 4), where that is exact: saved on one
+    rank, its count of that rank's share is the count of the epoch's sequence (the same order). A
+    sampler's batch_size was None (it is 1, sample by sample, now)."""
     if state.get("world_size") != 1:
         raise StateError(f"{name} cannot load this state: it is a version 2 record saved on "
                          f"{state.get('world_size')!r} ranks, which counted one rank's share of an order cut by "
@@ -298,7 +325,18 @@ def _from_version_2(state: dict[str, Any], name: str) -> dict[str, Any]:
                          f"{state.get('epoch')!r}) to restart its epoch instead")
     batch_size = 1 if state.get(_PART) == "QuasiRandomSampler" and state.get("batch_size") is None \
         else state.get("batch_size")
-    return {**state, _TAG: POSITION_VERSION, "batch_size": batch_size, "mix": None, "consumed": None}
+    return {**state, _TAG: 3, "batch_size": batch_size, "mix": None, "consumed": None}
+
+
+def _placement(name: str, placement: Any, partitions: int, nodes: int) -> tuple[int, ...] | None:
+    """A record's ``placement``: None for one partition, else the node (below ``nodes``) of each partition."""
+    if partitions == 1 and placement is None:
+        return None
+    if not isinstance(placement, (list, tuple)) or len(placement) != partitions or not all(
+            Range("placement", "", 0, nodes - 1).accepts(node) for node in placement):
+        raise StateError(f"{name} cannot load this state: placement={placement!r} must be None for one partition, "
+                         f"else the node (0 to {nodes - 1}) of each of its partitions={partitions}")
+    return tuple(int(node) for node in placement)
 
 
 # What a position must share with the reader that loads it: field, what differs, how to match it.

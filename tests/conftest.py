@@ -45,6 +45,19 @@ def packed(photos, tmp_path_factory) -> Path:
     return dst
 
 
+PIXELS_CROP = stoker.CropSpec("resize", size=(8, 8), flip=False)  # no random draw: a sample's pixels identify it
+
+
+@pytest.fixture(scope="session")
+def fingerprints(packed) -> dict[bytes, int]:
+    """Each sample of ``packed``: its 8x8 pixels under PIXELS_CROP (by a sequential pass on one rank) -> its index."""
+    loader = stoker.Loader(stoker.ShardDataset(packed), 16, crop=PIXELS_CROP, order="sequential", threads=2)
+    images = np.concatenate([batch.numpy() for batch, _ in loader])
+    table = {image.tobytes(): index for index, image in enumerate(images)}
+    assert len(table) == len(images), "two samples share their pixels: they cannot be told apart"
+    return table
+
+
 @pytest.fixture(scope="session")
 def numbered(tmp_path_factory) -> Path:
     """NUMBERED small photos packed over three shards, sample i alone in class i: a batch's labels say which

@@ -26,6 +26,7 @@ from stoker.data.mix_plan import MixOrder, MixSpec, exact_weights
 from stoker.data.order import block_bounds
 from stoker.data.readahead import block_bounds_of
 from stoker.state import Position, StateError, resume_mode
+from tests.conftest import PIXELS_CROP
 
 ORDERS = ("quasi_random", "random", "sequential")
 
@@ -145,20 +146,28 @@ def test_random_kills_and_world_sizes_over_a_mix_deliver_its_pure_plan(chunk):
         together = np.concatenate(delivered) if delivered else np.zeros(0, np.int64)
         sizes = np.array([len(part) for part in chunks], np.int64)
         assert np.array_equal(together, order.sequence(seed, epoch, 0, sizes, None))  # the pure plan
-        planned = order.counts(0, sizes, None)
-        sources = len(order.spec.sizes)
-        assert np.bincount(order.source_of(together), minlength=sources).tolist() == planned.sum(axis=0).tolist()
-        shares = order.spec.fractions()
-        for part in chunks:  # every rank's batch, the short last ones included
-            counts = np.bincount(order.source_of(part), minlength=sources)
-            assert all(abs(int(n) - share * len(part)) < 1 for n, share in zip(counts, shares))
-        if drop_last:
-            assert len(order) - len(together) < 4 * 8
-        else:
-            assert len(together) == len(order)
-        if order.spec.exhausted == "end":  # no sample twice in the epoch
-            assert len(np.unique(together)) == len(together)
+        check_mix_epoch(order, chunks, together, 4 * 8 if drop_last else 0)
     assert restarts > 3 * 30
+
+
+def check_mix_epoch(order: MixOrder, chunks: list[np.ndarray], together: np.ndarray, short_by: int) -> None:
+    """A mix's epoch delivered in ``chunks`` (``together``): each source's count the plan's, every
+    rank's batch stratified, the epoch whole (or, with drop_last, short by less than ``short_by``)
+    and, where a source that runs out ends it, no sample twice."""
+    sizes = np.array([len(part) for part in chunks], np.int64)
+    planned = order.counts(0, sizes, None)
+    sources = len(order.spec.sizes)
+    assert np.bincount(order.source_of(together), minlength=sources).tolist() == planned.sum(axis=0).tolist()
+    shares = order.spec.fractions()
+    for part in chunks:  # every rank's batch, the short last ones included
+        counts = np.bincount(order.source_of(part), minlength=sources)
+        assert all(abs(int(n) - share * len(part)) < 1 for n, share in zip(counts, shares))
+    if short_by:
+        assert len(order) - len(together) < short_by
+    else:
+        assert len(together) == len(order)
+    if order.spec.exhausted == "end":  # no sample twice in the epoch
+        assert len(np.unique(together)) == len(together)
 
 
 def test_the_epoch_order_does_not_depend_on_the_world_size():
@@ -171,7 +180,7 @@ def test_the_epoch_order_does_not_depend_on_the_world_size():
         steps = [[p.share[i * batch : (i + 1) * batch] for i in range(len(p.batches))] for p in plans]
         dealt = np.concatenate([part for i in range(len(steps[0])) for s in steps if i < len(s) for part in [s[i]]])
         assert np.array_equal(dealt, whole)
-    assert np.array_equal(order.sequence(5, 2, 40, np.array([8] * 3), None), whole[40:64])
+    assert np.array_equal(order.sequence(5, 2, 40, np.array([8, 8, 5]), None), whole[40:61])
 
 
 # ---- refusals ----
@@ -207,17 +216,7 @@ def test_a_version_2_state_resumes_on_one_rank_and_is_refused_from_several(packe
 
 # ---- real readers, every rank of a world in this process ----
 
-CROP = stoker.CropSpec("resize", size=(8, 8), flip=False)  # no random draw: a sample's pixels identify it
-
-
-@pytest.fixture(scope="module")
-def fingerprints(packed):
-    """Each sample's 8x8 pixels (by a sequential pass on one rank) -> its index."""
-    loader = stoker.Loader(stoker.ShardDataset(packed), 16, crop=CROP, order="sequential", threads=2)
-    images = np.concatenate([batch.numpy() for batch, _ in loader])
-    table = {image.tobytes(): index for index, image in enumerate(images)}
-    assert len(table) == len(images), "two samples share their pixels: they cannot be told apart"
-    return table
+CROP = PIXELS_CROP  # no random draw: a sample's pixels identify it (the fingerprints fixture)
 
 
 def steps_left(epoch: int, state: dict | None, world: int, batch: int, drop_last: bool) -> int:

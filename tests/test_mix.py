@@ -13,8 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import stoker
+from stoker.data.deal import stream
 from stoker.data.epoch import rank_batches
-from stoker.data.mix_plan import MixSpec, allocate, exact_weights, interleave, stream
+from stoker.data.mix_plan import MixSpec, allocate, exact_weights, interleave
 from stoker.loader.crops import CropSpec
 from stoker.state import StateError, StateWarning
 

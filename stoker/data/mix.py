@@ -272,7 +272,7 @@ class Mix(torch.utils.data.Dataset):
         """The mix's :class:`stoker.data.epoch.EpochOrder`: what a reader's epochs follow (see
         :class:`stoker.data.mix_plan.MixOrder`), each source in ``order`` with ``window`` blocks open."""
         return MixOrder(self.spec(), self.offsets, tuple(self.bounds()), tuple(self.windows(window)), order, window,
-                        self.names)
+                        self.names, tuple(s.shards.starts for s in self.sources))
 
     def epoch_counts(self, batch_size: int, world_size: int = 1, drop_last: bool = False) -> dict[str, int]:
         """Samples of each source in a whole epoch read in batches of ``batch_size`` on ``world_size`` ranks."""

@@ -1,9 +1,9 @@
 """The order of a weighted mixture of data sets, as pure functions of numpy arrays and integers.
 
     weights, chunk sizes, samples each source gave so far  ──allocate──>  per chunk: each source's count
-    each source's own order (its passes, one shuffle each)  ──streams──>   the next samples of each source
-    counts + streams  ──interleave──>  the mixed sequence, chunk after chunk (MixOrder: an EpochOrder;
-                                       epoch.py deals chunk k to rank k % W as its batch k // W)
+    each source's own order (its partitions' passes, one shuffle each)  ──streams──>  the next samples
+        of each source from the chunk's node (epoch.py deals chunk k to rank k % W as its batch k // W)
+    counts + streams  ──interleave──>  the mixed sequence, chunk after chunk (MixOrder: an EpochOrder)
 
 The chunks are the ranks' batches as :meth:`stoker.data.epoch.RankBatches.chunks` deals them:
 whole ones of the per-rank batch size, then the near-even parts of a short last global batch.
@@ -21,16 +21,18 @@ or with ``exhausted="end"`` fewer, ending where a source's share would reach its
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
 
-from stoker.data.epoch import BlockOrder, Order, epoch_sequence
+from stoker.data.epoch import BlockOrder, Order, SourceBlocks, dealt_sequence
+from stoker.data.order import sub_seed
+from stoker.data.placement import shard_partitions
 
 Exhausted = Literal["repeat", "end"]
 EXHAUSTED = ("repeat", "end")
@@ -99,20 +101,6 @@ def allocate(weights: Sequence[int], chunks: Sequence[int] | np.ndarray, consume
     return counts
 
 
-def stream(order_of_pass: Callable[[int], np.ndarray], size: int, first: int, count: int) -> np.ndarray:
-    """Samples ``first`` to ``first + count`` of one source's stream: its passes one after another
-    (``order_of_pass(p)``: pass p's order of its ``size`` samples), so a source that runs out goes
-    on with its next pass."""
-    if count <= 0:
-        return np.zeros(0, np.int64)
-    if size <= 0:
-        raise ValueError("a source with no samples cannot give any")
-    passes = range(first // size, (first + count - 1) // size + 1)
-    joined = np.concatenate([np.asarray(order_of_pass(p), np.int64) for p in passes])
-    skip = first - passes[0] * size
-    return joined[skip : skip + count]
-
-
 def interleave(counts: np.ndarray, streams: Sequence[np.ndarray]) -> np.ndarray:
     """The mixed sequence: chunk after chunk, each holding ``counts[k, i]`` samples of source i,
     taken in turn from ``streams[i]`` (already in the mix's index space), spread evenly through the
@@ -139,10 +127,12 @@ def interleave(counts: np.ndarray, streams: Sequence[np.ndarray]) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class MixOrder:
     """The :class:`stoker.data.epoch.EpochOrder` of a mixture: every chunk stratified (:func:`allocate`),
-    each source's samples from its own passes (:func:`stream`), each pass its own ``order`` over
-    the source's blocks (``bounds``; ``windows``: blocks open, as each source allows ``window``)
-    with a seed per (seed, source, pass). Indices are the sources' samples one after another
-    (``offsets``); ``names`` are the sources' (for the state's block layout)."""
+    each source's samples from its own passes (its partitions' passes, see
+    :func:`stoker.data.epoch.dealt_sequence`), each pass its own ``order`` over the blocks of the
+    source or of its partition (``bounds``; ``windows``: blocks open, as each source allows
+    ``window``; ``shard_starts``: each source's shards) with a seed per (seed, source, pass
+    [, partition]). Indices are the sources' samples one after another (``offsets``); ``names``
+    are the sources' (for the state's block layout)."""
 
     spec: MixSpec
     offsets: np.ndarray
@@ -151,9 +141,29 @@ class MixOrder:
     order: Order
     window: int  # as given (the windows are each source's, as its blocks allow)
     names: tuple[str, ...]
+    shard_starts: tuple[np.ndarray | None, ...] | None = None
+
+    counted = True
 
     def __len__(self) -> int:
         return self.spec.length()
+
+    @property
+    def sources(self) -> int:
+        return len(self.spec.sizes)
+
+    @property
+    def repeats(self) -> bool:
+        return self.spec.exhausted == "repeat"
+
+    @cached_property
+    def _blocks(self) -> tuple[SourceBlocks, ...]:
+        starts = self.shard_starts or (None,) * self.sources
+        return tuple(SourceBlocks(b, w, s) for b, w, s in zip(self.bounds, self.windows, starts))
+
+    def blocks(self, source: int) -> SourceBlocks:
+        """See :meth:`stoker.data.epoch.EpochOrder.blocks`."""
+        return self._blocks[source]
 
     def settings(self) -> tuple[int | None, str | None]:
         """What besides seed and epoch decides the sequence, as a resume state records it (see
@@ -164,21 +174,23 @@ class MixOrder:
         layouts = (BlockOrder(b, self.order, w).settings()[1] for b, w in zip(self.bounds, self.windows))
         return self.window, "; ".join(f"{name}: {layout}" for name, layout in zip(self.names, layouts))
 
-    def pass_order(self, source: int, seed: int, epoch: int, number: int) -> np.ndarray:
-        """Pass ``number`` of source ``source`` in ``epoch``: its own order of all its samples."""
-        pass_seed = int(np.random.SeedSequence([seed, source, number]).generate_state(1, np.uint64)[0] >> 1)
-        return epoch_sequence(self.bounds[source], self.order, self.windows[source], pass_seed, epoch)
+    def pass_order(self, source: int, seed: int, epoch: int, number: int, partition: int = 0,
+                   partitions: int = 1, split: int = 1) -> np.ndarray:
+        """Pass ``number`` of source ``source`` (of its ``partition`` of ``partitions``, 1/``split``
+        of its window open) in ``epoch``: its own order of its samples, as mix indices."""
+        words = (seed, source, number, partition) if partitions > 1 else (seed, source, number)
+        return self._blocks[source].sequence(self.order, sub_seed(*words), epoch, partition, partitions,
+                                             split) + self.offsets[source]
 
     def counts(self, start: int, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> np.ndarray:
         """Each chunk's samples per source (chunks, sources) from ``start``, where source i has given
         ``consumed[i]`` (None: at the epoch's start)."""
-        sources = len(self.spec.sizes)
         if consumed is None:
             if start:
                 raise ValueError(f"a mixture's sequence from {start} needs each source's samples consumed before it")
-            consumed = (0,) * sources
-        if len(consumed) != sources or sum(consumed) != start:
-            raise ValueError(f"consumed={consumed} does not count {start} samples of {sources} sources")
+            consumed = (0,) * self.sources
+        if len(consumed) != self.sources or sum(consumed) != start:
+            raise ValueError(f"consumed={consumed} does not count {start} samples of {self.sources} sources")
         counts = allocate(self.spec.weights, chunks, consumed)
         if self.spec.exhausted == "end":
             over = [i for i, size in enumerate(self.spec.sizes) if consumed[i] + int(counts[:, i].sum()) > size]
@@ -186,22 +198,25 @@ class MixOrder:
                 raise ValueError(f"sources {over} would give more than one pass in an epoch that ends when one runs out")
         return counts
 
-    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
-                 consumed: tuple[int, ...] | None) -> np.ndarray:
-        """See :meth:`stoker.data.epoch.EpochOrder.sequence` (mix indices)."""
-        counts = self.counts(start, chunks, consumed)
-        first = consumed if consumed is not None else (0,) * len(self.spec.sizes)
-        streams = [stream(functools.partial(self.pass_order, i, seed, epoch), size, first[i], int(counts[:, i].sum()))
-                   + self.offsets[i] for i, size in enumerate(self.spec.sizes)]
+    def arrange(self, counts: np.ndarray, streams: list[np.ndarray]) -> np.ndarray:
+        """See :meth:`stoker.data.epoch.EpochOrder.arrange`: each source spread through each chunk."""
         return interleave(counts, streams)
 
-    def tally(self, indices: np.ndarray, chunks: np.ndarray, consumed: tuple[int, ...] | None) -> np.ndarray:
-        """See :meth:`stoker.data.epoch.EpochOrder.tally`."""
-        sources = len(self.spec.sizes)
-        per_chunk = np.zeros((len(chunks), sources), np.int64)
-        np.add.at(per_chunk, (np.repeat(np.arange(len(chunks)), chunks), self.source_of(indices)), 1)
-        start = np.array([consumed if consumed is not None else (0,) * sources], np.int64)
-        return np.cumsum(np.concatenate([start, per_chunk]), axis=0)
+    def sequence(self, seed: int, epoch: int, start: int, chunks: np.ndarray,
+                 consumed: tuple[int, ...] | None) -> np.ndarray:
+        """The mix indices of ``epoch`` from ``start`` read on one node in ``chunks``, where each
+        source has given ``consumed`` (see :func:`stoker.data.epoch.dealt_sequence`)."""
+        return dealt_sequence(self, seed, epoch, start, chunks, consumed)
+
+    def part_of(self, indices: np.ndarray, partitions: int) -> np.ndarray:
+        """See :meth:`stoker.data.epoch.EpochOrder.part_of`."""
+        indices = np.asarray(indices, np.int64)
+        source = self.source_of(indices)
+        part = np.zeros(len(indices), np.int64)
+        for i, blocks in enumerate(self._blocks):
+            mine = source == i
+            part[mine] = shard_partitions(blocks.shard_samples(), partitions)[blocks.shard_of(indices[mine] - self.offsets[i])]
+        return source * partitions + part
 
     def source_of(self, indices: np.ndarray) -> np.ndarray:
         """The source number of each mix index."""

@@ -74,6 +74,12 @@ def shard_schedule(starts: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, n
     return shards[by_first], first[by_first], last[by_first]
 
 
+def sub_seed(*words: int) -> int:
+    """A seed drawn from ``words`` (a seed and the numbers of a part: a source, a pass, a
+    partition), independent of every other such draw, below 2**63."""
+    return int(np.random.SeedSequence(list(words)).generate_state(1, np.uint64)[0] >> 1)
+
+
 def rank_positions(length: int, world_size: int, rank: int, batch_size: int) -> np.ndarray:
     """Rank ``rank``'s positions in a sequence of ``length`` samples dealt to ``world_size`` ranks in
     chunks of ``batch_size``: chunk k goes to rank k % world_size as its batch k // world_size, so

@@ -21,14 +21,19 @@ asked for, not at ``iter()``: Lightning calls ``iter()``, then ``set_epoch``, th
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.data.epoch import EpochPlan, Order, RankBatches, plan_epoch, rank_batches, resolve_rank, resolve_seed
-from stoker.data.mix import Mix
-from stoker.data.readable import Readable, consumed_of, epoch_order_of, identity_of
-from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, ORDER, START_EPOCH, WINDOW
-from stoker.state import Position, StateError
+import numpy as np
+
+from stoker.data.epoch import EpochPlan, Order, RankBatches, plan_epoch, rank_batches
+from stoker.data.placement import Placement, PlacementWarning, default_partitions, even_node_counts, node_shards
+from stoker.data.readable import Readable, epoch_order_of, identity_of
+from stoker.data.world import resolve_nodes, resolve_rank, resolve_seed
+from stoker.errors import OptionError
+from stoker.ranges import BATCH_SIZE, DROP_LAST, EPOCH, ORDER, PARTITIONS, START_EPOCH, WINDOW
+from stoker.state import Position, StateError, StateWarning
 
 
 @dataclass
@@ -39,7 +44,7 @@ class PassCursor:
 
     epoch: int = 0
     position: int = 0  # samples of the epoch's global sequence consumed (all ranks) by the passes so far
-    consumed: tuple[int, ...] | None = None  # a Mix's samples of each source at ``position`` (None at 0)
+    consumed: tuple[int, ...] | None = None  # each source's partitions' samples at ``position`` (see plan_epoch)
     loaded: bool = False  # a state was loaded since the last pass began: the next pass resumes it
     named: bool = False  # set_epoch named the loaded state's epoch
     finished: bool = False  # the last pass handed out all its batches: the next pass is the next epoch's
@@ -91,23 +96,51 @@ class Passes:
     where the next one starts (a :class:`PassCursor`), and the state that says where it is. The
     Loader and QuasiRandomSampler each keep one: the same orders, seeds, states and contract.
 
-    ``seed`` None: drawn (see :func:`stoker.data.epoch.resolve_seed`); ``part``: the reader's
-    class name, as its states record it; ``world_name``: what the reader calls its world size."""
+    ``seed`` None: drawn (see :func:`stoker.data.world.resolve_seed`); ``part``: the reader's
+    class name, as its states record it; ``world_name``: what the reader calls its world size;
+    ``nodes``: the nodes the ranks run on (None: torchrun's, see :func:`stoker.data.world.resolve_nodes`);
+    ``partitions``: of whole shards, placed on the nodes (None: a loaded state's, else the default
+    for this world, see :mod:`stoker.data.placement`)."""
 
     def __init__(self, part: str, dataset: Readable, order: Order, window: int, *, seed: int | None, start_epoch: int,
                  rank: int | None, world_size: int | None, batch_size: int, drop_last: bool,
-                 world_name: str = "world_size") -> None:
+                 world_name: str = "world_size", nodes: int | None = None, partitions: int | None = None) -> None:
         self.part, self.dataset = part, dataset
         self.rank, self.world_size = resolve_rank(rank, world_size, world_name)
+        self.nodes, self.nodes_from = resolve_nodes(nodes, self.rank, self.world_size)
         self.batch_size, self.drop_last = BATCH_SIZE.check(batch_size), DROP_LAST.check(drop_last)
         self.epoch_order = epoch_order_of(dataset, ORDER.check(order), WINDOW.check(window))
         self.cursor = PassCursor(START_EPOCH.check(start_epoch))
+        shards = max(len(self.epoch_order.blocks(i).shard_samples()) for i in range(self.epoch_order.sources))
+        if partitions is None:
+            self.placement = Placement.of(default_partitions(shards, self.nodes), self.nodes)
+            self.partitions_from = _default_reason(self.placement.partitions, self.nodes)
+        else:
+            if PARTITIONS.check(partitions) > shards:
+                raise OptionError(f"partitions={partitions}: must be at most {shards}, the shards of {dataset.root} "
+                                  "(a partition holds whole shards)")
+            self.placement, self.partitions_from = Placement.of(partitions, self.nodes), "given (partitions=)"
+        self._partitions_given = partitions is not None
+        self._warn_uneven()
         self.seed, self.seed_from = resolve_seed(seed, self.rank, self.world_size, f"stoker.{part}")
         self._seed_given = seed is not None
         self._identity = identity_of(dataset)  # what a state names the data by (computed once)
         self._begun = 0  # passes begun (iter() calls)
         self._running = 0  # the number of the latest pass whose first batch was asked for
         self._started: EpochPlan | None = None  # the plan of the pass last started
+
+    @property
+    def node(self) -> int:
+        """The node of this rank (ranks numbered node by node)."""
+        return self.rank // (self.world_size // self.nodes)
+
+    def node_shards(self, node: int | None = None) -> list[np.ndarray]:
+        """The shards node ``node`` (default: this rank's) reads, per source (one data set: one
+        array): those of its partitions, which its node cache holds. At each epoch's end a node
+        may read a few samples of others' (see :mod:`stoker.data.epoch`)."""
+        node = self.node if node is None else node
+        return [node_shards(self.epoch_order.blocks(i).shard_samples(), self.placement.partitions,
+                            np.array(self.placement.node_of), node) for i in range(self.epoch_order.sources)]
 
     def __len__(self) -> int:
         """Samples per epoch, all ranks together."""
@@ -120,14 +153,14 @@ class Passes:
                             batch_size=self.batch_size, drop_last=self.drop_last)
 
     def plan(self, epoch: int, start: int, consumed: tuple[int, ...] | None = None) -> EpochPlan:
-        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; a Mix's per
-        source: ``consumed``)."""
+        """This rank's pass over ``epoch`` from ``start`` samples consumed (all ranks; per source and
+        partition: ``consumed``), dealt from its node's partitions."""
         return plan_epoch(self.epoch_order, seed=self.seed, epoch=epoch, start=start, consumed=consumed,
                           world_size=self.world_size, rank=self.rank, batch_size=self.batch_size,
-                          drop_last=self.drop_last)
+                          drop_last=self.drop_last, placement=self.placement)
 
     def upcoming(self) -> tuple[int, int, tuple[int, ...] | None]:
-        """The epoch, position and a Mix's consumed counts the next pass starts at."""
+        """The epoch, position and consumed counts (per source and partition) the next pass starts at."""
         return self.cursor.upcoming(self._over(self.cursor.position))
 
     def begin(self) -> int:
@@ -159,10 +192,10 @@ class Passes:
             cursor.finished = batches == len(plan.batches)
 
     def consumed(self, batches: int) -> tuple[int, ...] | None:
-        """A Mix's samples of each source consumed once this rank has made ``batches`` batches of the
-        pass from the cursor (None for one data set): by the plan of the pass last started, or one
-        made now where that plan is not the cursor's."""
-        if not isinstance(self.dataset, Mix):
+        """Each source's partitions' samples consumed once this rank has made ``batches`` batches of
+        the pass from the cursor (None for one partition of one data set): by the plan of the pass
+        last started, or one made now where that plan is not the cursor's."""
+        if not self._counts():
             return None
         cursor, plan = self.cursor, self._started
         if plan is None or (plan.epoch, plan.batches.origin) != (cursor.epoch, cursor.position):
@@ -186,9 +219,13 @@ class Passes:
         """The state of this reader after ``samples_done`` samples of ``epoch`` (default: the cursor's)."""
         window, blocks = self.epoch_order.settings()
         dataset, mix = self._identity
+        placement = self.placement
+        if consumed is None and self._counts():
+            consumed = (0,) * (self.epoch_order.sources * placement.partitions)
         return Position(self.part, dataset, self.seed, self.cursor.epoch if epoch is None else epoch, self.world_size,
                         self.rank, self.batch_size, self.epoch_order.order, window, blocks, self.drop_last,
-                        samples_done, mix, consumed_of(self.dataset, consumed))
+                        samples_done, mix, consumed, placement.partitions, self.nodes,
+                        placement.node_of if placement.partitions > 1 else None, placement.split)
 
     def load(self, state: dict[str, Any]) -> tuple[Position, str]:
         """The next pass resumes ``state`` (see :meth:`stoker.state.Position.resumed_by`, which refuses
@@ -201,9 +238,63 @@ class Passes:
                              f"epoch of {len(self)} samples")
         if saved.seed != self.seed:
             self.seed, self.seed_from = saved.seed, "taken from the loaded state"
+        self._place(saved)
+        if saved.samples_done and self._counts() and len(saved.consumed or ()) != self.epoch_order.sources * \
+                saved.partitions:
+            raise StateError(f"{self.part} cannot load this state: consumed={saved.consumed} must count the samples "
+                             f"consumed of each of {self.epoch_order.sources} source(s) x {saved.partitions} partitions")
         self.cursor.load(saved.epoch, saved.samples_done, saved.consumed)
         self._leave_running_pass()
         return saved, mode
+
+    def _place(self, saved: Position) -> None:
+        """The partitions after loading ``saved``: the state's (a run keeps its partitions, and a
+        state counts its epoch per partition), placed on this world's nodes keeping each node's where
+        it can; ``partitions=`` as given instead where the state is at an epoch's start."""
+        given = self.placement.partitions
+        if self._partitions_given and given != saved.partitions:
+            if not saved.samples_done:
+                return
+            warnings.warn(f"stoker.{self.part} was built with partitions={given} and loads a state saved mid-epoch with "
+                          f"{saved.partitions}: it takes {saved.partitions} (the state counts its epoch per partition); "
+                          "a state saved at an epoch's end takes partitions=", StateWarning, stacklevel=4)
+        self.placement = Placement.of(saved.partitions, self.nodes, saved.placement, saved.nodes, saved.split)
+        self.partitions_from = "taken from the loaded state"
+        self._warn_uneven()
+
+    def _counts(self) -> bool:
+        """Whether plans count each source's partitions' samples (a state records them)."""
+        return self.epoch_order.counted or self.placement.partitions > 1
+
+    def _warn_uneven(self) -> None:
+        """A PlacementWarning when the partitions do not deal evenly over the nodes."""
+        partitions, nodes = self.placement.partitions, self.nodes
+        if partitions % nodes:
+            held = f"{partitions // nodes} or {partitions // nodes + 1}" if partitions > nodes else "one or none"
+            warnings.warn(f"stoker.{self.part}: {partitions} partitions do not deal evenly over {nodes} nodes: nodes "
+                          f"hold {held}, so the nodes with less read others' shards at each epoch's end; node counts "
+                          f"that deal them evenly: {_listed(even_node_counts(partitions))} (partitions= sets them from "
+                          "an epoch's start)", PlacementWarning, stacklevel=4)
+
+    def describe_placement(self) -> list[str]:
+        """Which node reads which partitions, and why (for explain()): every node's, up to 8 of them."""
+        placement, nodes = self.placement, self.nodes
+        lines = [f"  placement: {placement.partitions} partition{'s' * (placement.partitions > 1)} of whole shards "
+                 f"({self.partitions_from}) over {nodes} node{'s' * (nodes > 1)} ({self.nodes_from}); this rank is "
+                 f"on node {self.node}"]
+        if placement.partitions == 1 and nodes == 1:
+            return lines
+        window = -(-self.epoch_order.window // placement.split)
+        lines.append(f"    each node reads its partitions together, each with {window} block{'s' * (window > 1)} of "
+                     f"window={self.epoch_order.window} open ({placement.split} per node when the run was placed); "
+                     "at an epoch's end a node that has read all of its own reads others' (a tail)")
+        shown = sorted({*range(min(nodes, 8)), self.node})
+        for node in shown:
+            shards = sum(len(s) for s in self.node_shards(node))
+            lines.append(f"    {placement.describe(node)}: {shards} shard{'s' * (shards != 1)}")
+        if nodes > len(shown):
+            lines.append(f"    ... and {nodes - len(shown)} more nodes")
+        return lines
 
     def describe_next(self) -> str:
         """The next pass in words (for explain()): epoch, where in it, order and seed, and why that seed."""
@@ -242,3 +333,18 @@ class PassesReader:
         state's epoch's end, the pass is empty). Not needed between epochs: a pass handed out whole
         advances the epoch itself."""
         self._passes.set_epoch(epoch)
+
+
+def _listed(counts: list[int]) -> str:
+    """Up to 12 numbers, then "..."."""
+    return ", ".join(map(str, counts[:12])) + (", ..." if len(counts) > 12 else "")
+
+
+def _default_reason(partitions: int, nodes: int) -> str:
+    """Why a run has ``partitions`` by default on ``nodes`` nodes (for explain())."""
+    if nodes == 1:
+        return "the default on one node: one sequence over the whole data set"
+    if partitions % nodes:
+        return f"the default for {nodes} nodes: one shard each, there are fewer shards than nodes"
+    return (f"the default for {nodes} nodes, {partitions // nodes} each: a resume on "
+            f"{_listed(even_node_counts(partitions))} nodes deals them evenly")

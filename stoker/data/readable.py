@@ -1,7 +1,7 @@
 """What stoker.Loader and QuasiRandomSampler read, one packed data set (of images or of video
 clips) or a :class:`Mix` of them, and what they need of it, in one place: its epochs, the
 reading ahead of a pass, whether its bytes are fetched into each reading process, and what its
-resume state records."""
+resume state names it by."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def epoch_order_of(dataset: Readable, order: Order, window: int) -> BlockOrder |
     ``window`` of them open (as many as its shards allow: the order's ``window``)."""
     if isinstance(dataset, Mix):
         return dataset.epoch_order(order, window)
-    return BlockOrder(block_bounds_of(dataset.shards), order, open_blocks(dataset.shards, window))
+    return BlockOrder(block_bounds_of(dataset.shards), order, open_blocks(dataset.shards, window), dataset.shards.starts)
 
 
 def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
@@ -84,9 +84,3 @@ def identity_of(dataset: Readable) -> tuple[str, str | None]:
     if isinstance(dataset, Mix):
         return dataset.digest(), dataset.describe()
     return dataset.shards.manifest.digest(), None
-
-
-def consumed_of(dataset: Readable, consumed: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """What a resume state records of a Mix's samples consumed of each source (``consumed``; None:
-    none yet); None for one data set."""
-    return consumed or (0,) * len(dataset.sources) if isinstance(dataset, Mix) else None

@@ -25,12 +25,16 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
     """Each epoch: shuffle blocks of consecutive samples (``dataset``'s ``block_bytes``, 8 MiB by
     default), then draw samples at random from ``window`` blocks open at a time.
 
-    Each block is read once, as a whole, instead of one random read per sample. The epoch's order is
-    one global sequence, the same for any number of ranks (:mod:`stoker.data.epoch`, as the
-    Loader's); under DDP (``num_replicas`` and ``rank`` default to torch.distributed's, else
-    torchrun's RANK / WORLD_SIZE) it is dealt to the ranks in chunks of ``batch_size`` samples, in
-    turn: with ``batch_size`` the DataLoader's (or the default 1, sample by sample), every global
-    batch of the DataLoaders of all ranks is a contiguous slice of the sequence. Nothing is
+    Each block is read once, as a whole, instead of one random read per sample. Under DDP
+    (``num_replicas`` and ``rank`` default to torch.distributed's, else torchrun's RANK /
+    WORLD_SIZE) the epoch is dealt to the ranks in chunks of ``batch_size`` samples, in turn
+    (:mod:`stoker.data.epoch`, as the Loader's): on one node from one global sequence, the same for
+    any number of ranks, so that with ``batch_size`` the DataLoader's (or the default 1, sample by
+    sample) every global batch of the DataLoaders of all ranks is a contiguous slice of it. On
+    several ``nodes`` (default: torchrun's LOCAL_WORLD_SIZE) the data set is split into
+    ``partitions`` of whole shards (default: a few per node) and each rank's chunks come from its
+    own node's, so that each node reads its share (docs/distributed.md); :meth:`explain` says which
+    node reads which. Nothing is
     repeated: the last global batch, when short, is split near-evenly (with fewer samples than
     ranks, the last ranks end the epoch one step early); ``drop_last`` drops it, so every rank makes
     the same number of steps (pass the DataLoader's ``batch_size`` for that).
@@ -75,6 +79,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
         drop_last: bool = False,
         readahead: bool = True,
         batch_size: int | None = None,
+        nodes: int | None = None,
+        partitions: int | None = None,
     ) -> None:
         if batch_size is None and isinstance(dataset, Mix):
             raise OptionError("QuasiRandomSampler over a Mix needs batch_size= (the DataLoader's): each batch is "
@@ -85,7 +91,7 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
         self._passes = Passes("QuasiRandomSampler", dataset, "quasi_random" if shuffle else "sequential", window,
                               seed=seed, start_epoch=start_epoch, rank=rank, world_size=num_replicas,
                               batch_size=1 if batch_size is None else batch_size, drop_last=drop_last,
-                              world_name="num_replicas")
+                              world_name="num_replicas", nodes=nodes, partitions=partitions)
         self.rank, self.num_replicas = self._passes.rank, self._passes.world_size
         self.batch_size, self.drop_last = self._passes.batch_size, self._passes.drop_last
         self._order = self._passes.epoch_order
@@ -133,6 +139,12 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
         batch size that keeps neither, or by another part is refused (StateError). The state's
         seed is taken (with a StateWarning when ``seed=`` was given and differs)."""
         self._passes.load(state)
+
+    def explain(self) -> str:
+        """What the next pass reads (epoch, where in it, seed and where it came from), and which
+        node reads which partitions of the data set, and why."""
+        head = f"stoker.QuasiRandomSampler({type(self.dataset).__name__}): rank {self.rank} of {self.num_replicas}"
+        return "\n".join([head, f"  next pass: {self._passes.describe_next()}", *self._passes.describe_placement()])
 
     def order(self) -> np.ndarray:
         """This rank's sample indices for a whole pass over the current epoch (:attr:`epoch`), from its start."""

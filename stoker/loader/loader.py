@@ -85,9 +85,11 @@ class Loader(PassesReader):
     early does not; ``start_epoch`` and :meth:`set_epoch` name the next pass's epoch; ``len`` is a
     whole pass's batches on this rank. ``sampler``, ``batch_sampler``, ``dataset``, ``batch_size``
     and ``drop_last`` are there as a DataLoader has them. Under DDP (``rank``, ``world_size``:
-    torch.distributed's, else RANK / WORLD_SIZE) the epoch's one global order is dealt to the ranks
-    a batch at a time; ``drop_last`` drops a short last global batch; rank 0's state resumes every
-    rank, on any world size (docs/distributed.md). ``on_error`` (default: the data set's):
+    torch.distributed's, else RANK / WORLD_SIZE) the epoch is dealt to the ranks a batch at a time:
+    on one node from one global order; on several ``nodes`` (default: torchrun's LOCAL_WORLD_SIZE)
+    each rank's batches come from its node's ``partitions`` of whole shards (default: a few per
+    node), so that each node reads its share; ``drop_last`` drops a short last global batch; rank
+    0's state resumes every rank, on any world size and node count (docs/distributed.md). ``on_error`` (default: the data set's):
     ``raise`` a CorruptDataError naming shard and key, or ``skip`` to the next readable sample
     (counted in ``skipped``).
 
@@ -124,6 +126,8 @@ class Loader(PassesReader):
         on_error: OnError | None = None,
         tune: bool = True,
         echo: Literal["auto"] | None = None,
+        nodes: int | None = None,
+        partitions: int | None = None,
     ) -> None:
         data = describe(dataset)  # first: anything the Loader cannot read is refused, saying so
         self.dataset, self.order, self.decode = dataset, ORDER.check(order), DECODE.check(decode)
@@ -150,7 +154,8 @@ class Loader(PassesReader):
         self._workers: WorkerProcesses | None = None  # with processes: kept from one whole pass to the next
         # Last: with no seed given under DDP, every rank's Loader sends or takes rank 0's drawn seed here.
         self._passes = Passes("Loader", dataset, self.order, window, seed=seed, start_epoch=start_epoch, rank=rank,
-                              world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+                              world_size=world_size, batch_size=batch_size, drop_last=drop_last, nodes=nodes,
+                              partitions=partitions)
         self.rank, self.world_size = self._passes.rank, self._passes.world_size
         self.batch_size, self.drop_last = self._passes.batch_size, self._passes.drop_last
         self._epoch_order = self._passes.epoch_order
@@ -200,7 +205,8 @@ class Loader(PassesReader):
         what the loader does with its ``transform``, step by step: fused into the decode, batched
         (and where), or per sample as given, each with the reason."""
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        return self._plan.explain(head, f"  next pass: {self._passes.describe_next()}")
+        return self._plan.explain(head, "\n".join([f"  next pass: {self._passes.describe_next()}",
+                                                    *self._passes.describe_placement()]))
 
     def __len__(self) -> int:
         """Batches of a whole pass over an epoch on this rank, as a DataLoader counts them: every
