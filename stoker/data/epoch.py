@@ -26,7 +26,6 @@ torch.distributed) is a pure function of its arguments.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -37,6 +36,7 @@ import torch.distributed as dist
 from stoker.data.order import quasi_random_order, rank_positions
 from stoker.errors import OptionError
 from stoker.ranges import ORDER, SEED, WORLD_SIZE, Range
+from stoker.storage.node import environ_int
 
 Order = Literal["quasi_random", "random", "sequential"]
 ORDERS: tuple[Order, ...] = ORDER.values
@@ -210,7 +210,7 @@ def resolve_rank(rank: int | None, world_size: int | None, world_name: str = "wo
         if dist.is_available() and dist.is_initialized():
             found = dist.get_rank(), dist.get_world_size()
         else:
-            found = _environ_int("RANK", 0), _environ_int("WORLD_SIZE", 1)
+            found = environ_int("RANK", 0), environ_int("WORLD_SIZE", 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
     Range(world_name, "", WORLD_SIZE.low, WORLD_SIZE.high).check(world_size)
@@ -240,11 +240,3 @@ def resolve_seed(seed: int | None, rank: int, world_size: int, reader: str) -> t
                       "of those ranks, so the ranks cannot share a drawn seed and would read different orders: pass "
                       "seed= (the same on every rank), or make it after torch.distributed.init_process_group()")
 
-
-def _environ_int(name: str, default: int) -> int:
-    """An integer environment variable (torchrun's RANK, WORLD_SIZE); OptionError naming it when it is not one."""
-    text = os.environ.get(name)
-    try:
-        return default if text is None else int(text)
-    except ValueError:
-        raise OptionError(f"the environment variable {name}={text!r} must be an integer (torchrun sets it)") from None
