@@ -50,6 +50,12 @@ def fetches_per_process(dataset: Readable) -> bool:
     return any(s.shards.remote is not None and s.shards.cache is None for s in sources)
 
 
+def storage_of(dataset: Readable) -> list[str]:
+    """Where each data set's bytes come from and where the node keeps them, one line each (explain())."""
+    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
+    return [s.shards.describe_storage() for s in sources]
+
+
 def identity_of(dataset: Readable) -> tuple[str, str | None]:
     """What a resume state names ``dataset`` by: its digest, and for a Mix how it mixes (a hash
     of every shard's entry: a reader computes it once, not with every state)."""

@@ -22,7 +22,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import EpochPlan, Order
 from stoker.data.mix import Mix
 from stoker.data.passes import Passes, PassesReader
-from stoker.data.readable import reads_ahead
+from stoker.data.readable import reads_ahead, storage_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.loader.arguments import check_crop, check_transform, describe, device_of
@@ -162,11 +162,13 @@ class Loader(PassesReader):
         return LoaderBatchSampler(self.sampler, self.batch_size, self.drop_last, self.__len__)
 
     def explain(self) -> str:
-        """What the next pass reads (epoch, where in it, seed and where the seed came from), and
-        what the loader does with its ``transform``, step by step: fused into the decode, batched
-        (and where), or per sample as given, each with the reason."""
+        """What the next pass reads (epoch, where in it, seed and where the seed came from), where
+        its bytes come from and where the node keeps them, and what the loader does with its
+        ``transform``, step by step: fused into the decode, batched (and where), or per sample as
+        given, each with the reason."""
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        return self._plan.explain(head, f"  next pass: {self._passes.describe_next()}")
+        storage = "".join(f"\n  storage: {line}" for line in storage_of(self.dataset))
+        return self._plan.explain(head, f"  next pass: {self._passes.describe_next()}{storage}")
 
     def __len__(self) -> int:
         """Batches of a whole pass over an epoch on this rank, as a DataLoader counts them: every
