@@ -8,6 +8,7 @@ Layout of ``cache_dir/<data set id>/``::
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
     .consumed/shard-000002.tar  the reader that staged it is done with it this epoch
     .damaged/shard-000005.tar   the object at the source is damaged: its version there and what is wrong
+    .needs/<stager>             the shards a live stager of the node has staged and still needs
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
     .lock                       held while space is counted, reserved, freed, or a copy moved in
     limit                       the default limit, fixed when the folder was made
@@ -25,7 +26,9 @@ Every rule that keeps it correct across processes:
   that descriptor: an eviction between its check and its reads cannot make a copy vanish under
   it, nor give it another copy than the one it checked.
 - A stager evicts shards marked consumed first, then the least recently used (access time),
-  never a shard it still needs; a reader fetching a shard on its own evicts only consumed ones.
+  never a shard it or another live stager of the node (another rank's) still needs (``.needs``,
+  see stoker.storage.needs); a reader fetching a shard on its own evicts only consumed ones that
+  no stager needs.
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
   write to it changes those, and it is checked again before use, and fetched again if damaged.
 - A killed process leaves at most a partial, which is removed by the next process that needs
@@ -55,6 +58,7 @@ from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.files import descriptor_limit
 from stoker.storage.locks import exclusive, is_locked
+from stoker.storage.needs import Needs, needed
 from stoker.storage.remote import RemoteData
 from stoker.storage.settings import StorageSettings
 
@@ -93,8 +97,21 @@ class ShardCache:
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
         self.explicit_limit = settings.cache_limit is not None
         self.limit = int(settings.cache_limit) if settings.cache_limit is not None else self._default_limit()
+        self._warned = False
         with exclusive(self.folder / ".lock", inherit=False):
             self._remove_abandoned_partials()
+
+    def warn_if_short(self, shards: Collection[int]) -> None:
+        """Warn (once) when the default limit has no room for ``shards``, those an order stages:
+        what a node reads is its ranks' share, not always the whole data set."""
+        if self.explicit_limit or self._warned:
+            return
+        need = sum(self.shards[shard].bytes for shard in shards)
+        if need > self.limit:
+            self._warned = True
+            log.warning("%s: the node cache in %s has room for %.1f GB (half its free space) of the %.1f GB of shards "
+                        "this rank reads; pass cache_limit= to shuffle and stage whole shards within it",
+                        self.source, self.cache_dir, self.limit / 1e9, need / 1e9)
 
     @property
     def holds_everything(self) -> bool:
@@ -107,6 +124,10 @@ class ShardCache:
         depend on this, never on a default limit (free space differs from node to node and run
         to run, and every rank must compute the same order)."""
         return self.explicit_limit and not self.holds_everything
+
+    def needs(self) -> Needs:
+        """A stager's entry in the node's record of what its stagers need (see :meth:`fetch`)."""
+        return Needs(self.folder / ".needs", self.folder / ".lock")
 
     def path(self, shard: int) -> Path:
         """Where the copy of shard number ``shard`` lives (it may not be there)."""
@@ -165,7 +186,8 @@ class ShardCache:
         """Make sure an intact copy of ``shard`` is in the cache; True when it is.
 
         When the budget is full, shards not in ``keep`` are evicted to make room (consumed
-        first, then least recently used); with ``keep=None`` only shards marked consumed are.
+        first, then least recently used); with ``keep=None`` only shards marked consumed are. A
+        shard that a live stager of the node needs (:meth:`needs`) is never evicted.
         False when there is no room, or the cache cannot be written (logged). Waits while another
         process fetches the same shard. Source errors raise RemoteError after retries; an object
         damaged at the source raises CorruptDataError (see :meth:`damage`); no file descriptor
@@ -259,9 +281,10 @@ class ShardCache:
         if free >= need:
             return True
         consumed = set(os.listdir(self.folder / ".consumed"))
+        kept = needed(self.folder / ".needs") | set(keep or ())
         victims = sorted((name not in consumed, atime, name, size) for name, size, atime in files
-                         if not name.startswith(_PARTIAL) and (name in consumed if keep is None
-                                                               else self._numbers.get(name) not in keep))
+                         if not name.startswith(_PARTIAL) and self._numbers.get(name) not in kept
+                         and (keep is not None or name in consumed))
         chosen = []
         for _, _, name, size in victims:
             if free >= need:

@@ -10,6 +10,7 @@ import numpy as np
 
 from stoker.errors import CorruptDataError
 from stoker.storage.cache import ShardCache
+from stoker.storage.needs import Needs
 
 log = logging.getLogger("stoker.storage")
 
@@ -19,13 +20,14 @@ class Stager:
     needed at ``last``) into ``cache`` while a reader walks the same order.
 
     It fetches as far ahead as the budget allows (``ahead``: at most that many shards beyond the
-    ones already open). When the cache is full it evicts only shards this reader has finished
-    with or never needs, and marks each shard consumed once the reader is past its last
-    sample, so those go first. Call :meth:`advance` as the reader moves and :meth:`close` at the
-    end. A shard whose object is damaged at the source is passed over (logged; the cache records
-    it, so every reader of it gets the CorruptDataError at once). Any other error stops the
-    staging (logged): readers then fetch shards themselves or read the source, and report a
-    source that fails for good.
+    ones already open), and never a shard the reader is already past. The shards it has staged
+    and still needs are recorded in the cache (:meth:`ShardCache.needs`), so no stager of the node
+    evicts them; when the cache is full it evicts only shards no stager there needs, and marks
+    each shard consumed once the reader is past its last sample, so those go first. Call
+    :meth:`advance` as the reader moves and :meth:`close` at the end. A shard whose object is
+    damaged at the source is passed over (logged; the cache records it, so every reader of it
+    gets the CorruptDataError at once). Any other error stops the staging (logged): readers then
+    fetch shards themselves or read the source, and report a source that fails for good.
     """
 
     def __init__(self, cache: ShardCache, shards: np.ndarray, first: np.ndarray, last: np.ndarray,
@@ -53,9 +55,21 @@ class Stager:
             self._changed.notify()
 
     def _run(self) -> None:
+        needs = None
+        try:
+            needs = self.cache.needs()
+            self._stage(needs)
+        except Exception as e:  # noqa: BLE001 -- a thread must not die unheard; readers go on without it
+            log.warning("staging stopped: %s", e)
+        finally:
+            if needs is not None:
+                needs.close()
+
+    def _stage(self, needs: Needs) -> None:
         next_fetch, finished = 0, 0
         by_last = np.argsort(self.last, kind="stable")
         n = len(self.shards)
+        kept = np.zeros(0, self.shards.dtype)
         while True:
             with self._changed:
                 stopped, position = self._stopped, self._position
@@ -64,19 +78,20 @@ class Stager:
                 finished += 1
             if stopped or finished == n:
                 return
+            while next_fetch < n and self.last[next_fetch] < position:
+                next_fetch += 1  # the reader is past it: never fetched for nothing
+            keep = self.shards[: next_fetch + 1][self.last[: next_fetch + 1] >= position]
+            if not np.array_equal(keep, kept):
+                needs.update(keep)
+                kept = keep
             open_now = int(np.searchsorted(self.first, position, side="right"))
             if next_fetch < n and (self.ahead is None or next_fetch < open_now + self.ahead):
-                wanted = self.shards[: next_fetch + 1]
-                keep = set(wanted[self.last[: next_fetch + 1] >= position].tolist())
                 try:
-                    fetched = self.cache.fetch(int(self.shards[next_fetch]), keep)
+                    fetched = self.cache.fetch(int(self.shards[next_fetch]), set(keep.tolist()))
                 except CorruptDataError as e:
                     log.warning("not staging a damaged shard: %s", e)
                     next_fetch += 1
                     continue
-                except Exception as e:  # noqa: BLE001 -- a thread must not die unheard; readers go on without it
-                    log.warning("staging stopped: %s", e)
-                    return
                 if fetched:
                     next_fetch += 1
                     continue
