@@ -25,13 +25,14 @@ def epoch_order_of(dataset: Readable, order: Order, window: int) -> BlockOrder |
 
 
 def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
-                hint_blocks: bool, reads_here: bool) -> ReadsAhead:
+                hint_blocks: bool, reads_here: bool, trail: int = 0) -> ReadsAhead:
     """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
-    process reads the samples): a Mix's reads each source's."""
+    process reads the samples; ``trail``: how far reads may trail the position ahead is given): a
+    Mix's reads each source's."""
     if isinstance(dataset, Mix):
-        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here)
+        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here, trail)
     assert isinstance(epoch_order, BlockOrder)
-    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
+    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here, trail)
 
 
 def shard_bounds_of(dataset: Readable) -> np.ndarray:

@@ -116,17 +116,19 @@ class Lookahead:
     ``hint_blocks`` is False: a fully random order would read each block for one sample).
     Blocks of an object store are fetched into the memory of the process that hints them, so they
     are read ahead only where the samples are read (``reads_here``); the node cache and a disk's
-    page cache serve every process. Call :meth:`advance` as the order is consumed and
+    page cache serve every process. ``trail``: how far behind the position given to
+    :meth:`advance` reads may still be going on (batches in flight), so that no shard they read is
+    taken for done. Call :meth:`advance` as the order is consumed and
     :meth:`close` at the end."""
 
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
-                 hint_blocks: bool = True, reads_here: bool = True) -> None:
+                 hint_blocks: bool = True, reads_here: bool = True, trail: int = 0) -> None:
         cache = shards.cache
         self.stager = None
         if cache is not None:
             staged, first, last = shard_schedule(shards.starts, order)
             cache.warn_if_short(staged.tolist())
-            self.stager = Stager(cache, staged, first, last, ahead=shards.settings.cache_ahead)
+            self.stager = Stager(cache, staged, first, last, ahead=shards.settings.cache_ahead, trail=trail)
         hint = hint_blocks and self.stager is None and (reads_here or shards.remote is None)
         self.blocks = BlockReadahead(shards, bounds, order, window) if hint else None
 

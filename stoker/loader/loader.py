@@ -215,7 +215,7 @@ class Loader(PassesReader):
         plan = self._passes.start(number)
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
-                            reads_here=self.processes == 0)
+                            reads_here=self.processes == 0, trail=self.prefetch * self.batch_size)
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.
         hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
