@@ -28,8 +28,8 @@ Every rule that keeps it correct across processes:
 - While stagers live on the node (``.needs``, see stoker.storage.needs), room is made from the
   copies the node's readers need last, all ranks together: first those no reader needs again
   this epoch, then those needed furthest ahead; never one a reader is inside. A stager evicts
-  only copies needed later than the shard it fetches (else it waits), a reader fetching the
-  shard it is reading any copy needed later. With no stager, a reader evicts only copies marked
+  only copies needed later than the shard it fetches (else it waits), a reader (fetching the
+  shard it reads now) any copy not needed now. With no stager, a reader evicts only copies marked
   consumed (a random order would otherwise evict a whole shard for each sample).
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
   write to it changes those, and it is checked again before use, and fetched again if damaged.

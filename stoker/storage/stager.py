@@ -19,16 +19,16 @@ class Stager:
     needed at ``last``) into ``cache`` while a reader walks the same order.
 
     It fetches as far ahead as the budget allows (``ahead``: at most that many shards beyond the
-    ones already open), and never a shard the reader is already past (``trail`` positions
-    before the position it is about to read, the batches it may still be reading). Its order and its reader's
-    position are on record in the cache (:meth:`ShardCache.needs`), so room is made from the
-    shards the node's readers, every rank's, need last; a shard is fetched only when room can be
-    made from shards needed later than it. Each shard is marked consumed once the reader is past
-    its last sample. Call
-    :meth:`advance` as the reader moves (staging starts at the first call) and :meth:`close` at the end. A shard whose object is
-    damaged at the source is passed over (logged; the cache records it, so every reader of it
-    gets the CorruptDataError at once). Any other error stops the staging (logged): readers then
-    fetch shards themselves or read the source, and report a source that fails for good.
+    ones already open), and never a shard the reader is already past (``trail`` positions before
+    the position it is about to read: the batches it may still be reading). Its order and its
+    reader's position are on record in the cache (:meth:`ShardCache.needs`), so room is made from
+    the shards the node's readers, every rank's, need last; a shard is fetched only when room can
+    be made from shards needed later than it. Each shard is marked consumed once the reader is
+    past its last sample. Call :meth:`advance` as the reader moves (staging starts at the first
+    call) and :meth:`close` at the end. A shard whose object is damaged at the source is passed
+    over (logged; the cache records it, so every reader of it gets the CorruptDataError at once).
+    Any other error stops the staging (logged): readers then fetch shards themselves or read the
+    source, and report a source that fails for good.
     """
 
     def __init__(self, cache: ShardCache, shards: np.ndarray, first: np.ndarray, last: np.ndarray,
@@ -39,13 +39,12 @@ class Stager:
         self._position = 0
         self._stopped = False
         self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="stoker-stager", daemon=True)
         try:
             self._needs = cache.needs(shards, first, last)
         except OSError as e:  # a cache that cannot be written: readers go on without staging
             log.warning("not staging: %s", e)
             self._stopped = True
-            return
-        self._thread = threading.Thread(target=self._run, name="stoker-stager", daemon=True)
 
     def advance(self, position: int) -> None:
         """The reader is about to read the order from ``position`` on, and may still be reading
