@@ -208,7 +208,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     report = doctor(args.path, step_time=args.step_time, batch_size=args.batch_size, workers=args.workers,
                     size=args.size, quick=args.quick, ssd=args.ssd, progress=not args.json and sys.stderr.isatty(),
-                    prove=args.prove)
+                    prove=args.prove, nodes=args.nodes, ranks_per_node=args.ranks_per_node)
     print(report.to_json() if args.json else report.to_text())
     if args.html:
         write_html(report, args.html)
@@ -350,6 +350,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the report as JSON (schema: stoker/doctor/schema.json)")
     p.add_argument("--html", type=Path, help="also write an HTML report with charts to this file")
     p.add_argument("--prove", action="store_true", help="also run the top two remedies on the sample: predicted vs measured")
+    p.add_argument("--nodes", type=ranges.DOCTOR_NODES.argument(),
+                   help="also say what a job of this many nodes fetches from the store per node and epoch, and the "
+                   "node cache each needs (a packed data set)")
+    p.add_argument("--ranks-per-node", type=ranges.DOCTOR_RANKS.argument(), default=1, help="with --nodes (default 1)")
     p.set_defaults(run=_doctor)
 
     p = commands.add_parser("stage", help="copy a packed data set (a folder or an fsspec URL such as s3://...) "

@@ -134,6 +134,8 @@ STEP_TIME = Range("step_time", "--step-time", 0, 86400, integer=False, above=Tru
 DOCTOR_BATCH = Range("batch_size", "--batch-size", 1, 1 << 16)
 DOCTOR_WORKERS = Range("workers", "--workers", 0, 1024)
 DOCTOR_SIZE = Range("size", "--size", 1, 65535, unit="pixels")
+DOCTOR_NODES = Range("nodes", "--nodes", 1, 1 << 20)
+DOCTOR_RANKS = Range("ranks_per_node", "--ranks-per-node", 1, 4096)
 
 # stoker bench loader / bench_loader(...)
 BENCH_COUNT = Range("count", "--count", 1, 10_000_000, unit="photos")

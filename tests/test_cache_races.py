@@ -52,7 +52,7 @@ class Others:
         names = [entry.name for entry in self.cache.shards[:2]]
         if not self.free(".lock", *names):
             return False
-        self.cache.fetch(1, keep={1})  # the limit holds one of shards 0 and 1: shard 0's copy goes
+        self.cache.fetch(1, staging=True)  # the limit holds one of shards 0 and 1: shard 0's copy goes
         return True
 
     def sweep(self) -> bool:
@@ -64,7 +64,7 @@ class Others:
     def restage(self) -> bool:
         if not self.free(".lock", *[entry.name for entry in self.cache.shards[:2]]):
             return False
-        self.cache.fetch(0, keep={0})
+        self.cache.fetch(0, staging=True)
         return True
 
 
@@ -75,7 +75,7 @@ def others_acting(packed: Path, folder: Path, limit: int, evict_at: int | None, 
     :class:`Others` acting at the given OS calls of this thread while the block runs."""
     with stoker.ShardDataset(packed, decode="raw", cache_dir=folder, cache_limit=limit) as dataset:
         other = ShardCache(packed, dataset.shards.manifest.shards, StorageSettings(cache_dir=folder, cache_limit=limit))
-        other.fetch(0, keep={0})
+        other.fetch(0, staging=True)
         if pinned:
             dataset[0]
         others = Others(dataset.shards.reader(0), other, evict_at, restage_at)

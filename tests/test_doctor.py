@@ -17,6 +17,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import jsonschema
+import numpy as np
 import pytest
 import torch.utils.data
 from PIL import Image, ImageFilter
@@ -25,6 +26,7 @@ import stoker
 from stoker.doctor import doctor, write_html
 from stoker.doctor.compute_probe import probe_decode, shrink_as_pack
 from stoker.doctor.contention import CpuWatch, DiskWatch, block_device
+from stoker.doctor.nodes import OPEN_SHARDS, forecast
 from stoker.doctor.pack_probe import probe_pack
 from stoker.doctor.prove import Proof
 from stoker.doctor.report import SCHEMA_PATH, DoctorReport, _decode_lines
@@ -145,7 +147,7 @@ def test_throttled_storage_is_named(photos, tmp_path):
 
 def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
     before = snapshot(packed)
-    report = doctor(packed, step_time=0.05, quick=True)
+    report = doctor(packed, step_time=0.05, quick=True, nodes=8, ranks_per_node=4)
     assert snapshot(packed) == before  # nothing written into the data folder
     assert report.target["kind"] == "packed"
     assert report.storage.sequential_mb_per_s > 0
@@ -157,6 +159,25 @@ def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
     assert tuner.stages.storage is not None and tuner.stages.storage.link_bytes_per_s > 0  # the shards read cold
     assert "its tuner would choose: " in report.to_text()
     validate(report.to_dict())
+    total = sum(entry.bytes for entry in stoker.ShardDataset(packed).shards.manifest.shards)
+    nodes = report.to_dict()["nodes"]
+    assert nodes["share_bytes"] == [total] * 8 and nodes["store_bytes_first_epoch"] == 8 * total  # today's order
+    assert nodes["store_bytes_later_epochs"] == 0 and nodes["cache_for_share_bytes"] == total
+    assert "Several nodes (8 x 4 ranks" in report.to_text()
+
+
+def test_the_node_forecast_from_shard_sizes():
+    """Per node: what it reads (today every node reads every shard), what it fetches per epoch with
+    a node cache holding that or not, the least cache, the manifest and indexes once, the stagger."""
+    shards = np.array([300, 200, 100])
+    several = forecast(shards, index_bytes=30, manifest_bytes=5, nodes=4, ranks=8)
+    assert several.share.tolist() == [600] * 4 and several.metadata == 35
+    first, later = several.per_epoch(float("inf"))
+    assert first.tolist() == [600] * 4 and later.tolist() == [0] * 4
+    first, later = several.per_epoch(599)  # a cache below the share: every epoch, once
+    assert later.tolist() == [600] * 4
+    assert several.least_cache == OPEN_SHARDS * 300 and 0 < several.stagger() < 0.2
+    assert forecast(shards, 30, 5, nodes=1, ranks=8).stagger() == 0.0
 
 
 def test_a_user_dataset_is_timed_per_item():
@@ -217,10 +238,12 @@ def test_bad_files_are_named_and_the_rest_examined(photos, tmp_path):
 def test_cli_json_and_html(photos, tmp_path):
     page = tmp_path / "report.html"
     out = subprocess.run([sys.executable, "-m", "stoker.cli", "doctor", str(photos), "--quick", "--json",
-                          "--step-time", "0.02", "--html", str(page)], capture_output=True, text=True, timeout=120)
+                          "--step-time", "0.02", "--html", str(page), "--nodes", "2"], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     validate(data)
+    assert data["nodes"] is None and any("--nodes: the forecast needs a packed data set" in n for n in data["notes"])
     html = page.read_text()
     assert html.count("<svg") == 2 + bool(data["verdict"]["remedies"]) and "Cold read latency" in html
 
@@ -418,6 +441,8 @@ def test_inputs_it_cannot_examine_get_a_clear_error(tmp_path):
         assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr, (name, out.stderr)
     with pytest.raises(stoker.StokerError, match="workers"):
         doctor(tmp_path, workers=-1)
+    with pytest.raises(stoker.StokerError, match=r"nodes=0 \(--nodes\): must be an integer from 1"):
+        doctor(tmp_path, nodes=0)
 
 
 def test_small_and_odd_data_sets(photos, odd_images, tmp_path):

@@ -39,6 +39,18 @@ def test_bytes_pass_unchanged_and_are_counted(s3, bucket):
     assert sum(counts[kind] for kind in FAULT_KINDS) == 0
 
 
+def test_each_objects_requests_and_bytes_are_counted(s3, bucket):
+    """What bench/nodes.py counts per node: by method and object, the query string left out."""
+    with ShapedLink(s3.port) as link:
+        get(link, bucket, "bytes=0-9").read()
+        get(link, bucket + "?x-id=GetObject").read()
+        link.inject("slow_down")
+        get(link, "/link/other").read()  # answered by the link itself: a request, no object bytes counted
+        traffic = link.traffic()
+    assert traffic == {f"GET {bucket}": {"requests": 2, "body_bytes": 10 + len(OBJECT)},
+                       "GET /link/other": {"requests": 1, "body_bytes": 0}}
+
+
 def test_each_fault_as_the_client_sees_it(s3, bucket):
     with ShapedLink(s3.port) as link:
         link.inject("slow_down", "error", "cut", "reset")

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
+from stoker.bench.http_messages import parse_head, read_body, read_head, without_header
+
 FAULT_KINDS = ("reset", "slow_down", "error", "cut", "short", "ignore_range", "black_hole")
 # Faults that end a response body early: only a request answered with a body gets one.
 _BODY_FAULTS = ("reset", "cut", "short")
@@ -72,7 +74,9 @@ class ShapedLink:
     ``127.0.0.1:upstream_port``, shaped: ``delay`` seconds per request (and per new connection),
     response bytes at most ``rate`` bytes/s over the link and ``stream_rate`` bytes/s per response
     (a store's per-connection rate; None: unlimited), ``faults`` drawn with ``seed``. Counts
-    requests, connections, response body bytes sent and each fault (:meth:`counts`)."""
+    requests, connections, response body bytes sent and each fault (:meth:`counts`), and the
+    requests and body bytes of each object (:meth:`traffic`). One link per client (a simulated
+    node, bench/nodes.py) counts what each client asked of the store."""
 
     def __init__(self, upstream_port: int, *, delay: float = 0.0, rate: float | None = None,
                  stream_rate: float | None = None, faults: Faults = Faults(), seed: int = 0, port: int = 0) -> None:
@@ -85,6 +89,7 @@ class ShapedLink:
         self._counts = dict.fromkeys(("requests", "connections", "body_bytes", *FAULT_KINDS), 0)
         self._seen: dict[bytes, int] = {}
         self._ranges: list[tuple[str, str]] = []  # (method, Range header) of each request
+        self._traffic: dict[str, dict[str, int]] = {}  # "METHOD /path": requests, body bytes
         self._injected: list[str] = []
         self._clients: set[socket.socket] = set()
         self._server: socket.socket | None = None
@@ -101,6 +106,12 @@ class ShapedLink:
         """The Range header of each ``method`` request so far, in order ('' for one without)."""
         with self._lock:
             return [byte_range for m, byte_range in self._ranges if m == method]
+
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Per object, as ``"GET /bucket/key"`` (the query string left out): its ``requests`` and the
+        response ``body_bytes`` sent for them, so far."""
+        with self._lock:
+            return {request: dict(tally) for request, tally in self._traffic.items()}
 
     def inject(self, *kinds: str) -> None:
         """The next requests get these faults, one each, in order (before any drawn at random; a
@@ -183,16 +194,17 @@ class ShapedLink:
         try:
             time.sleep(self.delay)  # the handshake's round trip
             while True:
-                head = _read_head(from_client)
+                head = read_head(from_client)
                 if head is None:
                     return
-                request_line, headers = _parse_head(head)
+                request_line, headers = parse_head(head)
                 method, target = request_line.split(b" ")[:2]
                 if headers.get(b"expect", b"").lower() == b"100-continue":  # answered here; the server sees none
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    head = _without_header(head, b"expect")
-                body = _read_body(from_client, headers)
+                    head = without_header(head, b"expect")
+                body = read_body(from_client, headers)
                 fault, fraction = self._draw(method, target, headers.get(b"range", b""))
+                tally = self._tally(method, target)
                 if fault == "black_hole":
                     while from_client.read(1):  # silent until the client closes or stop() resets it
                         pass
@@ -202,7 +214,7 @@ class ShapedLink:
                     self._answer_error(client, fault, method, target)
                     continue
                 if fault == "ignore_range":
-                    head = _without_header(head, b"range")
+                    head = without_header(head, b"range")
                 if upstream is None:
                     upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -210,7 +222,7 @@ class ShapedLink:
                 upstream.sendall(head + body)
                 assert from_upstream is not None
                 client_open, upstream_open = self._relay(client, from_upstream, method,
-                                                         fault if fault in _BODY_FAULTS else None, fraction)
+                                                         fault if fault in _BODY_FAULTS else None, fraction, tally)
                 if not upstream_open:
                     from_upstream.close()
                     upstream.close()
@@ -228,15 +240,16 @@ class ShapedLink:
             client.close()
 
     def _relay(self, client: socket.socket, from_upstream: IO[bytes], method: bytes, fault: str | None,
-               fraction: float) -> tuple[bool, bool]:
-        """Pass one response on, shaped (and cut or reset by ``fault``): whether the client
+               fraction: float, tally: dict[str, int]) -> tuple[bool, bool]:
+        """Pass one response on, shaped (and cut or reset by ``fault``), its body bytes counted in
+        ``tally`` (the object's :meth:`traffic`) too: whether the client
         connection stays open, and whether the upstream one does. A server that closes after each
         answer (moto's does) still looks like a keep-alive store to the client: only the upstream
         connection is made again, on loopback, unshaped."""
-        head = _read_head(from_upstream)
+        head = read_head(from_upstream)
         if head is None:
             raise ConnectionError("upstream closed the connection")
-        status_line, headers = _parse_head(head)
+        status_line, headers = parse_head(head)
         status = int(status_line.split(b" ")[1])
         has_body = method != b"HEAD" and status >= 200 and status not in (204, 304)
         length = int(headers[b"content-length"]) if b"content-length" in headers else None
@@ -244,29 +257,29 @@ class ShapedLink:
         upstream_open = headers.get(b"connection", b"").lower() != b"close"
         if not has_body or length is None or length == 0 or chunked:
             fault = None  # only a body of known length is cut or reset
-        head = _without_header(head, b"connection")
+        head = without_header(head, b"connection")
         stop_at = length or 0
         if fault in ("cut", "reset"):
             stop_at = min(stop_at - 1, int(stop_at * fraction))
         elif fault == "short":  # well framed, holding less than its Content-Range says
             stop_at = max(0, stop_at - SHORT_BY)
-            head = _without_header(head, b"content-length")[:-2] + b"Content-Length: %d\r\n\r\n" % stop_at
+            head = without_header(head, b"content-length")[:-2] + b"Content-Length: %d\r\n\r\n" % stop_at
         self._bucket.take(len(head))
         client.sendall(head)
         if not has_body:
             return True, upstream_open
         stream = _Bucket(self.stream_rate)
         if chunked or length is None:  # framed by chunks, or by the end of the connection
-            body = _read_body(from_upstream, headers) if chunked else from_upstream.read()
+            body = read_body(from_upstream, headers) if chunked else from_upstream.read()
             for start in range(0, len(body), _PIECE):
-                self._send(client, body[start : start + _PIECE], stream)
+                self._send(client, body[start : start + _PIECE], stream, tally)
             return chunked, chunked and upstream_open
         sent = 0
         while sent < stop_at:
             piece = from_upstream.read(min(_PIECE, stop_at - sent))
             if not piece:
                 raise ConnectionError("upstream closed the connection mid-body")
-            self._send(client, piece, stream)
+            self._send(client, piece, stream, tally)
             sent += len(piece)
         if fault == "short":
             from_upstream.read(length - stop_at)  # what the client is not sent, for the next answer
@@ -279,12 +292,21 @@ class ShapedLink:
             return False, False
         return True, upstream_open
 
-    def _send(self, client: socket.socket, piece: bytes, stream: _Bucket) -> None:
+    def _send(self, client: socket.socket, piece: bytes, stream: _Bucket, tally: dict[str, int]) -> None:
         stream.take(len(piece))
         self._bucket.take(len(piece))
         with self._lock:  # counted before the client can see them: a reader's counts() then includes them
             self._counts["body_bytes"] += len(piece)
+            tally["body_bytes"] += len(piece)
         client.sendall(piece)
+
+    def _tally(self, method: bytes, target: bytes) -> dict[str, int]:
+        """The :meth:`traffic` entry of a ``method`` request for ``target``, counted once more."""
+        request = f"{method.decode('latin-1')} {target.split(b'?')[0].decode('latin-1')}"
+        with self._lock:
+            tally = self._traffic.setdefault(request, {"requests": 0, "body_bytes": 0})
+            tally["requests"] += 1
+            return tally
 
     def _draw(self, method: bytes, target: bytes, byte_range: bytes) -> tuple[str | None, float]:
         """This request's fault (or None) and where in the body a cut or reset falls (a fraction)."""
@@ -365,53 +387,3 @@ def _reset(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
-
-
-def _read_head(stream: IO[bytes]) -> bytes | None:
-    """A message's start line and headers up to the blank line; None at a clean end of stream."""
-    lines: list[bytes] = []
-    while True:
-        line = stream.readline(65536)
-        if not line:
-            if lines:
-                raise ConnectionError("connection closed inside a message head")
-            return None
-        lines.append(line)
-        if line in (b"\r\n", b"\n") and len(lines) > 1:
-            return b"".join(lines)
-        if line in (b"\r\n", b"\n"):
-            lines.clear()  # a stray blank line between messages
-
-
-def _parse_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]]:
-    first, *rest = head.split(b"\r\n")
-    headers = {}
-    for line in rest:
-        name, sep, value = line.partition(b":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return first, headers
-
-
-def _without_header(head: bytes, name: bytes) -> bytes:
-    lines = head.split(b"\r\n")
-    return b"\r\n".join(line for line in lines if line.partition(b":")[0].strip().lower() != name)
-
-
-def _read_body(stream: IO[bytes], headers: dict[bytes, bytes]) -> bytes:
-    """A message body as it came (chunked framing kept): by Content-Length, chunked, or none."""
-    if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-        parts = []
-        while True:
-            size_line = stream.readline(65536)
-            parts.append(size_line)
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (trailer := stream.readline(65536)) not in (b"\r\n", b"\n", b""):
-                    parts.append(trailer)
-                parts.append(b"\r\n")
-                return b"".join(parts)
-            parts.append(stream.read(size + 2))
-    if b"content-length" in headers:
-        return stream.read(int(headers[b"content-length"]))
-    return b""

@@ -31,6 +31,10 @@ class LinkProcess:
         """As :meth:`ShapedLink.counts`."""
         return self._call("counts")
 
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """As :meth:`ShapedLink.traffic`."""
+        return self._call("traffic")
+
     def ranges(self, method: str = "GET") -> list[str]:
         """As :meth:`ShapedLink.ranges`."""
         return self._call("ranges", method)
@@ -111,7 +115,7 @@ def _serve_commands(link: ShapedLink) -> None:
     link.close()
 
 
-_COMMANDS = {"counts", "ranges", "inject", "set_faults", "stop", "start", "down"}
+_COMMANDS = {"counts", "traffic", "ranges", "inject", "set_faults", "stop", "start", "down"}
 
 
 def main() -> None:

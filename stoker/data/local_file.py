@@ -9,6 +9,8 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from stoker.data.readers import MemberRead, ReadBuffer, RecentBlocks
 from stoker.errors import CorruptDataError
 from stoker.storage import willneed
@@ -45,8 +47,9 @@ class LocalFile:
         finally:
             self.release()
 
-    def readahead(self, first: int, last: int, start: int, end: int) -> None:
-        """Ask the kernel to start reading bytes ``start:end`` into the page cache."""
+    def readahead(self, first: int, last: int, start: int, end: int, reads: np.ndarray) -> None:
+        """Ask the kernel to start reading bytes ``start:end`` into the page cache (the page cache
+        is shared: which of its samples this reader reads does not matter)."""
         fd = self._open_held()
         try:
             willneed(fd, start, end - start)

@@ -294,9 +294,10 @@ class Mix(torch.utils.data.Dataset):
         exact = ":".join(map(str, self._exact))
         return f"weights {weights} (exactly {exact}); epoch_size {self.epoch_size}; exhausted {self.exhausted}"
 
-    def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True, reads_here: bool = True) -> MixLookahead:
+    def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True, reads_here: bool = True,
+                  trail: int = 0) -> MixLookahead:
         """Reading ahead of ``order`` (mix indices): each source's own (see :class:`Lookahead`)."""
-        return MixLookahead(self, order, window, hint_blocks, reads_here)
+        return MixLookahead(self, order, window, hint_blocks, reads_here, trail)
 
     def __repr__(self) -> str:
         weights = ", ".join(f"{n!r}: {w:.3g}" for n, w in self.weights.items())
@@ -308,12 +309,12 @@ class MixLookahead:
     hinted (or its shards staged) in the order that source's samples come up."""
 
     def __init__(self, mix: Mix, order: np.ndarray, window: int, hint_blocks: bool = True,
-                 reads_here: bool = True) -> None:
+                 reads_here: bool = True, trail: int = 0) -> None:
         self.mix = mix
         source_of = mix.source_of(order)
         self.positions = [np.flatnonzero(source_of == i) for i in range(len(mix.sources))]
         self.window, self.windows = window, mix.windows(window)
-        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here)
+        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here, trail)
                       for i, (s, b, w, p) in enumerate(zip(mix.sources, mix.bounds(), self.windows, self.positions))]
 
     def advance(self, position: int) -> None:

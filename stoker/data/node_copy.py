@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from stoker.data.local_file import LocalFile
 from stoker.data.readers import ByteSource, MemberRead, ReadBuffer
 from stoker.errors import CorruptDataError
@@ -64,10 +66,10 @@ class NodeCopy:
             self.copy.release()
         return self.source.read(wanted, into)
 
-    def readahead(self, first: int, last: int, start: int, end: int) -> None:
+    def readahead(self, first: int, last: int, start: int, end: int, reads: np.ndarray) -> None:
         """Read ahead from the source while the shard is not cached (a cached copy is in RAM or on SSD)."""
         if not self.copy.is_open:
-            self.source.readahead(first, last, start, end)
+            self.source.readahead(first, last, start, end, reads)
 
     def cancel_readahead(self, first: int, last: int, start: int) -> None:
         """Take back the source's read-ahead of samples ``first..last``."""

@@ -28,13 +28,14 @@ def epoch_order_of(dataset: Readable, order: Order, window: int) -> BlockOrder |
 
 
 def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
-                hint_blocks: bool, reads_here: bool) -> ReadsAhead:
+                hint_blocks: bool, reads_here: bool, trail: int = 0) -> ReadsAhead:
     """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
-    process reads the samples): a Mix's reads each source's."""
+    process reads the samples; ``trail``: how far reads may trail the position ahead is given): a
+    Mix's reads each source's."""
     if isinstance(dataset, Mix):
-        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here)
+        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here, trail)
     assert isinstance(epoch_order, BlockOrder)
-    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here)
+    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here, trail)
 
 
 def shard_bounds_of(dataset: Readable) -> np.ndarray:
@@ -76,6 +77,12 @@ class Storage:
     reads_in_flight: int | None
     sample_bytes: float
     block_bytes: int
+
+
+def storage_lines_of(dataset: Readable) -> list[str]:
+    """Where each data set's bytes come from and where the node keeps them, one line each (explain())."""
+    sources = dataset.sources if isinstance(dataset, Mix) else [dataset]
+    return [s.shards.describe_storage() for s in sources]
 
 
 def identity_of(dataset: Readable) -> tuple[str, str | None]:

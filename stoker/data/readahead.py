@@ -51,6 +51,11 @@ class BlockReadahead:
         self.shards = shards
         self.bounds = bounds
         self.blocks, self.first_needed = block_schedule(bounds, order)
+        # The samples of each block this order reads, block after block: a source that holds a
+        # block in memory lets it go once these are read (a rank reads only its part of a block).
+        block_of = np.searchsorted(bounds, order, side="right") - 1
+        self._reads = order[np.argsort(block_of, kind="stable")]
+        self._reads_at = np.concatenate([[0], np.cumsum(np.bincount(block_of, minlength=max(0, len(bounds) - 1)))])
         self._block_samples = max(1, int(bounds[-1]) // max(1, len(bounds) - 1))  # on average
         self.ahead = window * self._block_samples
         self._next = 0
@@ -68,7 +73,8 @@ class BlockReadahead:
             block = int(self.blocks[self._next])
             start, stop = int(self.bounds[block]), int(self.bounds[block + 1])
             shard, local = self.shards.locate(start)  # a block lies within one shard
-            self.shards.reader(shard).readahead(local, local + (stop - start) - 1)
+            reads = self._reads[self._reads_at[block] : self._reads_at[block + 1]] - (start - local)
+            self.shards.reader(shard).readahead(local, local + (stop - start) - 1, reads)
             if self.shards.remote is not None:
                 self._hinted_remote.append((shard, local, local + (stop - start) - 1))
             self._next += 1
@@ -117,14 +123,19 @@ class Lookahead:
     ``hint_blocks`` is False: a fully random order would read each block for one sample).
     Blocks of an object store are fetched into the memory of the process that hints them, so they
     are read ahead only where the samples are read (``reads_here``); the node cache and a disk's
-    page cache serve every process. Call :meth:`advance` as the order is consumed and
+    page cache serve every process. ``trail``: how far behind the position given to
+    :meth:`advance` reads may still be going on (batches in flight), so that no shard they read is
+    taken for done. Call :meth:`advance` as the order is consumed and
     :meth:`close` at the end."""
 
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
-                 hint_blocks: bool = True, reads_here: bool = True) -> None:
+                 hint_blocks: bool = True, reads_here: bool = True, trail: int = 0) -> None:
         cache = shards.cache
-        self.stager = (Stager(cache, *shard_schedule(shards.starts, order), ahead=shards.settings.cache_ahead)
-                       if cache is not None else None)
+        self.stager = None
+        if cache is not None:
+            staged, first, last = shard_schedule(shards.starts, order)
+            cache.warn_if_short(staged.tolist())
+            self.stager = Stager(cache, staged, first, last, ahead=shards.settings.cache_ahead, trail=trail)
         hint = hint_blocks and self.stager is None and (reads_here or shards.remote is None)
         self.blocks = BlockReadahead(shards, bounds, order, window) if hint else None
 

@@ -70,8 +70,10 @@ class ByteSource(Protocol):
         returned); read again where the source can before a failed check raises CorruptDataError."""
         ...
 
-    def readahead(self, first: int, last: int, start: int, end: int) -> None:
-        """Start fetching samples ``first..last`` (bytes ``start:end``) before they are read."""
+    def readahead(self, first: int, last: int, start: int, end: int, reads: np.ndarray) -> None:
+        """Start fetching samples ``first..last`` (bytes ``start:end``) before they are read;
+        ``reads``: those of them this process's order reads (a rank reads its part of a block), so
+        that a source holding the bytes in memory lets them go once those are read."""
         ...
 
     def cancel_readahead(self, first: int, last: int, start: int) -> None:
@@ -130,10 +132,11 @@ class ShardReader:
         read); the caller checks each member against its checksum."""
         return self.source.read(MemberRead(self.index, local, start, end - start), None)
 
-    def readahead(self, first: int, last: int) -> None:
-        """Start fetching samples ``first..last`` (positions in this shard) before they are read."""
+    def readahead(self, first: int, last: int, reads: np.ndarray) -> None:
+        """Start fetching samples ``first..last`` (positions in this shard) before they are read;
+        ``reads``: those of them the caller's order reads."""
         start, end = self.index.span(first, last)
-        self.source.readahead(first, last, start, end)
+        self.source.readahead(first, last, start, end, reads)
 
     def cancel_readahead(self, first: int, last: int) -> None:
         """Take back :meth:`readahead` of samples ``first..last`` where it can be (a kernel hint cannot)."""

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 
+import numpy as np
+
 from stoker.data.readers import MemberRead, ReadBuffer, RecentBlocks
 from stoker.errors import CorruptDataError, RemoteError
 from stoker.format import ShardEntry
@@ -27,14 +29,17 @@ class RemoteRanges:
     GETs of :data:`_PART_BYTES` each (``RemoteData.part_bytes`` where the Loader's tuner set it),
     ``RemoteData.parallel`` in flight per process, in the order
     the blocks are needed; a read waits only for the parts its member lies in, and a block is
-    dropped once each of its samples was read (or after :data:`_REMOTE_SPANS` newer ones). Without
-    hints, as :class:`stoker.data.local_file.LocalFile` does for a disk, a second read inside the
-    same block of ``block_bytes`` fetches the whole block in one request and keeps it in memory
-    (the last ``_REMOTE_BLOCKS`` blocks per shard); a fully random order makes one request per
-    sample. Bytes that fail their check are read again directly (a transport may have mangled
-    them) and raise CorruptDataError only when the object gives the same wrong bytes twice. A
-    RemoteError (the store down for longer than the read timeout, denied access) propagates as it
-    is: it says nothing about the data, so on_error="skip" must never skip past it.
+    dropped once each of its samples that this process's order reads was read (one of several
+    ranks reads its part of each block), or after :data:`_REMOTE_SPANS` newer ones: a rank holds
+    what it reads ahead, not the epoch's blocks. Without hints, as
+    :class:`stoker.data.local_file.LocalFile` does for a disk, a second read inside the same block
+    of ``block_bytes`` fetches the whole block in one request (once, whichever threads want it at
+    the same moment) and keeps it in memory (the last ``_REMOTE_BLOCKS`` blocks per shard); a
+    fully random order makes one request per sample. Bytes that fail their check are read again
+    directly (a transport may have mangled them) and raise CorruptDataError only when the object
+    gives the same wrong bytes twice. A RemoteError (the store down for longer than the read
+    timeout, denied access) propagates as it is: it says nothing about the data, so
+    on_error="skip" must never skip past it.
     """
 
     def __init__(self, remote: RemoteData, entry: ShardEntry, block_bytes: int) -> None:
@@ -43,7 +48,7 @@ class RemoteRanges:
         self.path = f"{remote.url}/{entry.name}"
         self.recent = RecentBlocks(block_bytes)
         self._lock = threading.Lock()
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()  # done, or being fetched
         self._spans: OrderedDict[int, _Span] = OrderedDict()
 
     def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
@@ -93,28 +98,45 @@ class RemoteRanges:
         if offset + size > start + block_bytes:
             return None
         with self._lock:
-            data = self._blocks.get(block)
-            if data is not None:
+            held = self._blocks.get(block)
+            if held is not None:
                 self._blocks.move_to_end(block)
         before = self.recent.touch(block)
-        if data is None and before is None:
+        if held is None and before is None:
             return None
-        if data is None:
-            data = self.remote.read_range(self.entry.name, start, min(start + block_bytes, self.entry.bytes))
-            with self._lock:
-                self._blocks[block] = data
-                while len(self._blocks) > _REMOTE_BLOCKS:
-                    self._blocks.popitem(last=False)
-        return data[offset - start : offset - start + size]
+        if held is None:
+            with self._lock:  # marked in flight: a thread that wants it meanwhile waits for this fetch
+                held = self._blocks.get(block)
+                fetching = held is None
+                if held is None:
+                    held = self._blocks[block] = Future()
+                    while len(self._blocks) > _REMOTE_BLOCKS:
+                        self._blocks.popitem(last=False)
+            if fetching:
+                self._fetch_block(block, held)
+        return held.result()[offset - start : offset - start + size]
 
-    def readahead(self, first: int, last: int, start: int, end: int) -> None:
-        """Queue bytes ``start:end`` (samples ``first..last``) as ranged GETs (see the class)."""
+    def _fetch_block(self, block: int, held: Future[bytes]) -> None:
+        """Fetch ``block`` into ``held``; a failure is every waiter's, and the block is asked again next time."""
+        start = block * self.recent.block_bytes
+        try:
+            held.set_result(self.remote.read_range(self.entry.name, start,
+                                                   min(start + self.recent.block_bytes, self.entry.bytes)))
+        except BaseException as e:
+            held.set_exception(e)
+            with self._lock:
+                if self._blocks.get(block) is held:
+                    del self._blocks[block]
+
+    def readahead(self, first: int, last: int, start: int, end: int, reads: np.ndarray) -> None:
+        """Queue bytes ``start:end`` (samples ``first..last``) as ranged GETs (see the class), held
+        until each sample in ``reads`` (those this process's order reads) was read."""
         with self._lock:
             if start in self._spans or end <= start:
                 return
             step = self.remote.part_bytes or _PART_BYTES
             parts = [(a, min(a + step, end)) for a in range(start, end, step)]
-            span = _Span(first, last, start, end,
+            span = _Span(first, last, start, end, reads,
                          [(a, b, self.remote.prefetch(self.entry.name, a, b)) for a, b in parts])
             self._spans[start] = span
             while len(self._spans) > _REMOTE_SPANS:
@@ -158,14 +180,16 @@ _REMOTE_SPANS = 64
 
 
 class _Span:
-    """Bytes ``start:end`` of a shard (samples ``first..last``), read ahead as parts (start, end, future)."""
+    """Bytes ``start:end`` of a shard (samples ``first..last``, of which ``reads`` are to be read
+    here), read ahead as parts (start, end, future)."""
 
-    def __init__(self, first: int, last: int, start: int, end: int, parts: list[tuple[int, int, Future[bytes]]]) -> None:
+    def __init__(self, first: int, last: int, start: int, end: int, reads: np.ndarray,
+                 parts: list[tuple[int, int, Future[bytes]]]) -> None:
         self.first, self.last, self.start, self.end, self.parts = first, last, start, end, parts
-        self._unread = set(range(first, last + 1))
+        self._unread = set(reads.tolist())
 
     def read(self, local: int) -> bool:
-        """Note a read of sample ``local``; True once every sample of the span was read."""
+        """Note a read of sample ``local``; True once every sample to be read here was read."""
         self._unread.discard(local)
         return not self._unread
 

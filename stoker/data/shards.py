@@ -28,6 +28,8 @@ from stoker.format import Manifest, ShardEntry, ShardIndex, read_manifest
 from stoker.ranges import BLOCK_BYTES, MAX_OPEN_SHARDS
 from stoker.storage.cache import ShardCache
 from stoker.storage.locks import ProcessLock
+from stoker.storage.metadata import node_metadata
+from stoker.storage.node import this_node
 from stoker.storage.remote import is_url
 from stoker.storage.settings import StorageSettings
 
@@ -53,18 +55,14 @@ class ShardSet:
                  max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS, settings: StorageSettings | None = None,
                  metadata: Path | None = None) -> None:
         """``root``: a folder or an fsspec URL. ``settings``: how its bytes are fetched and kept on
-        the node (see :class:`StorageSettings`; default: read in place, no node cache).
+        the node (see :class:`StorageSettings`; default: read in place, no node cache; for a URL
+        read by one of several ranks, a node cache chosen by :meth:`StorageSettings.for_node`).
         ``metadata``: for a URL, the local folder its manifest and indexes were already fetched into
         (how a pickled ShardSet reaches a worker process without fetching them and checksumming
         every index again)."""
         BLOCK_BYTES.check(block_bytes)
         MAX_OPEN_SHARDS.check(max_open_shards)
-        self._open(root, verify, block_bytes, max_open_shards, settings or StorageSettings(), metadata)
-        cache = self.cache
-        if cache is not None and not cache.explicit_limit and not cache.holds_everything:
-            log.warning("%s: the node cache in %s has room for %.1f GB of this %.1f GB data set (half its free "
-                        "space); pass cache_limit= to shuffle and stage whole shards within it", root,
-                        cache.cache_dir, cache.limit / 1e9, sum(e.bytes for e in self.manifest.shards) / 1e9)
+        self._open(root, verify, block_bytes, max_open_shards, (settings or StorageSettings()).for_node(root), metadata)
 
     def _open(self, root: str | os.PathLike, verify: bool, block_bytes: int, max_open_shards: int,
               settings: StorageSettings, metadata: Path | None) -> None:
@@ -74,7 +72,7 @@ class ShardSet:
         self.source = root
         self.settings = settings
         self.remote = settings.origin(root) if is_url(root) else None
-        self.root = (metadata or self.remote.metadata()) if self.remote else Path(root)
+        self.root = (metadata or node_metadata(self.remote)) if self.remote else Path(root)
         self.verify = verify
         self.block_bytes = block_bytes
         self.max_open_shards = max_open_shards
@@ -90,6 +88,16 @@ class ShardSet:
 
     def __len__(self) -> int:
         return self.manifest.num_samples
+
+    def describe_storage(self) -> str:
+        """Where the bytes come from and where they are kept on the node, in words (for explain())."""
+        if self.cache is None:
+            return f"{self.source}: read in place" + (" by range" if self.remote is not None else "")
+        cache = self.cache
+        limit = f"{cache.limit / 1e9:.1f} GB " + ("(cache_limit)" if cache.explicit_limit else "(half its free space)")
+        why = (f" (chosen: {this_node().ranks} ranks read a URL, so the node fetches each shard once for all of "
+               "them; pass cache_dir= to choose the folder)" if self.settings.cache_chosen else "")
+        return f"{self.source}: through the node cache in {cache.folder}, within {limit}{why}"
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard number, position in shard) of global sample ``i``."""

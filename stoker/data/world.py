@@ -14,6 +14,7 @@ import torch.distributed as dist
 from stoker.data.placement import PlacementWarning
 from stoker.errors import OptionError
 from stoker.ranges import NODES, SEED, WORLD_SIZE, Range
+from stoker.storage.node import environ_int
 
 
 def resolve_rank(rank: int | None, world_size: int | None, world_name: str = "world_size") -> tuple[int, int]:
@@ -24,7 +25,7 @@ def resolve_rank(rank: int | None, world_size: int | None, world_name: str = "wo
         if dist.is_available() and dist.is_initialized():
             found = dist.get_rank(), dist.get_world_size()
         else:
-            found = _environ_int("RANK", 0), _environ_int("WORLD_SIZE", 1)
+            found = environ_int("RANK", 0), environ_int("WORLD_SIZE", 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
     Range(world_name, "", WORLD_SIZE.low, WORLD_SIZE.high).check(world_size)
@@ -67,11 +68,11 @@ def resolve_nodes(nodes: int | None, rank: int, world_size: int) -> tuple[int, s
             raise OptionError(f"nodes={nodes}: must divide world_size={world_size}: the ranks are numbered node by "
                               "node, the same number on each (torchrun's numbering)")
         return nodes, "given (nodes=)"
-    local = _environ_int("LOCAL_WORLD_SIZE", 0)
-    if local < 1 or _environ_int("WORLD_SIZE", 0) != world_size:
+    local = environ_int("LOCAL_WORLD_SIZE", 0)
+    if local < 1 or environ_int("WORLD_SIZE", 0) != world_size:
         return 1, "one node (no torchrun LOCAL_WORLD_SIZE for this world: pass nodes= where its ranks run on several)"
     named = next((name for name in ("GROUP_RANK", "NODE_RANK") if name in os.environ), None)
-    if world_size % local or (named is not None and _environ_int(named, 0) != rank // local):
+    if world_size % local or (named is not None and environ_int(named, 0) != rank // local):
         where = f" and {named}={os.environ[named]}" if named else ""
         why = (f"one node: torchrun's LOCAL_WORLD_SIZE={local}{where} do not number rank {rank} of {world_size} "
                "node by node, so every rank reads from all the data as on one node (pass nodes=)")
@@ -79,11 +80,3 @@ def resolve_nodes(nodes: int | None, rank: int, world_size: int) -> tuple[int, s
         return 1, why
     return world_size // local, f"torchrun's: {world_size // local} of LOCAL_WORLD_SIZE={local} ranks each"
 
-
-def _environ_int(name: str, default: int) -> int:
-    """An integer environment variable (torchrun's RANK, WORLD_SIZE); OptionError naming it when it is not one."""
-    text = os.environ.get(name)
-    try:
-        return default if text is None else int(text)
-    except ValueError:
-        raise OptionError(f"the environment variable {name}={text!r} must be an integer (torchrun sets it)") from None

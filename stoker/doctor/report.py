@@ -11,6 +11,7 @@ from pathlib import Path
 from stoker.doctor.compute_probe import DecodeReport, StageRate
 from stoker.doctor.contention import CpuShare
 from stoker.doctor.loader_probe import LoaderRow
+from stoker.doctor.nodes import NodeForecast
 from stoker.doctor.numbers import rounded
 from stoker.doctor.pack_probe import PackProbe
 from stoker.doctor.prove import Proof
@@ -20,7 +21,8 @@ from stoker.doctor.storage_probe import StorageReport
 from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
-# 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote; 6: verdict.tuner
+# 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote;
+# 6: verdict.tuner, nodes (the forecast of --nodes)
 SCHEMA_VERSION = 6
 
 
@@ -30,7 +32,8 @@ class DoctorReport:
     for a user's Dataset object, whose stored bytes the doctor cannot see; ``notes`` say how the
     measurement departed from the settings asked for; ``compute_cpu`` the CPU other processes
     took during the decode and transform probes (the loader rows carry their own); ``remote``
-    the object-store probe of data at a URL (then ``storage`` is ``None``)."""
+    the object-store probe of data at a URL (then ``storage`` is ``None``); ``nodes`` what a job
+    of several nodes would fetch (``--nodes``)."""
 
     target: dict
     settings: dict
@@ -45,6 +48,7 @@ class DoctorReport:
     proof: list[Proof] | None = None
     compute_cpu: CpuShare | None = None
     remote: RemoteReport | None = None
+    nodes: NodeForecast | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -65,6 +69,7 @@ class DoctorReport:
                 "cpu_contention": self._cpu_contention(),
                 "verdict": self.verdict.to_dict(),
                 "proof": [p.to_dict() for p in self.proof] if self.proof is not None else None,
+                "nodes": self.nodes.to_dict() if self.nodes else None,
                 "seconds": round(self.seconds, 2), "notes": self.notes}
 
     def to_json(self) -> str:
@@ -98,6 +103,7 @@ class DoctorReport:
             lines += _pack_lines(self.sample_pack)
         cpu = self._cpu_line()
         lines += ["", cpu] if cpu else []
+        lines += ["", *self.nodes.lines()] if self.nodes else []
         lines += ["", f"Verdict: {v.bottleneck.upper()}" + ("" if v.bottleneck == "none" else " is the bottleneck")]
         lines += [f"  - {reason}" for reason in v.reasons]
         if v.tuner is not None:

@@ -29,6 +29,7 @@ from stoker.doctor.compute_probe import DecodeReport, StageRate, combined_rate, 
 from stoker.doctor.contention import CpuWatch
 from stoker.doctor.figures import LoaderRun, ObjectStore
 from stoker.doctor.loader_probe import LoaderRow, probe_loaders, worker_counts
+from stoker.doctor.nodes import NodeForecast, forecast
 from stoker.doctor.pack_probe import PackProbe, probe_pack
 from stoker.doctor.prove import Sample, run_proof
 from stoker.doctor.remote_probe import Bounds, RemoteReport, fetch_sample, probe_remote, propose_cache
@@ -39,7 +40,8 @@ from stoker.doctor.target import Target, open_target
 from stoker.doctor.verdict import Figures, diagnose, rate_alone
 from stoker.env import fallback_notes
 from stoker.errors import StokerError
-from stoker.ranges import DOCTOR_BATCH, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
+from stoker.format import MANIFEST_NAME
+from stoker.ranges import DOCTOR_BATCH, DOCTOR_NODES, DOCTOR_RANKS, DOCTOR_SIZE, DOCTOR_WORKERS, STEP_TIME
 
 # Sample sizes and seconds per probe: the whole run stays under ~60 s by default and ~15 s with
 # quick on any data set (listing, storage, decode and transform, the loader rows and the sample
@@ -57,7 +59,8 @@ _MAX_PROBE_BATCH = 128
 def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Callable[[Any], Any] | None = None,
            step_time: float | None = None, *, batch_size: int = 64, workers: int | None = None, size: int = 224,
            quick: bool = False, ssd: str | os.PathLike | None = None, seed: int = 0,
-           progress: bool = False, prove: bool = False, storage_options: dict[str, Any] | None = None) -> DoctorReport:
+           progress: bool = False, prove: bool = False, storage_options: dict[str, Any] | None = None,
+           nodes: int | None = None, ranks_per_node: int = 1) -> DoctorReport:
     """Measure where input time goes for ``source`` and say what to do about it.
 
     ``source``: a loose image folder, a path list, a packed stoker data set (a path or a
@@ -71,10 +74,13 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     within stated bounds) and the sample fetched into a local folder for the other probes.
     The sampled images are packed into a temporary folder (removed after) to time stoker.Loader
     on them; ``prove`` runs the top two remedies for real on that pack and reports
-    predicted against measured img/s.
+    predicted against measured img/s. ``nodes``: for a packed data set, what a job of that many
+    nodes of ``ranks_per_node`` ranks fetches from the store per node and epoch, and the node
+    cache each needs (:mod:`stoker.doctor.nodes`).
     """
     started = time.perf_counter()
-    _check(batch_size=batch_size, workers=workers, size=size, step_time=step_time)
+    _check(batch_size=batch_size, workers=workers, size=size, step_time=step_time, nodes=nodes,
+           ranks_per_node=ranks_per_node)
     decode_mode: DecodeMode = "pil"
     if isinstance(source, ShardDataset):
         decode_mode, transform = source.decode, transform if transform is not None else source.transform
@@ -85,13 +91,15 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
     steps.set_postfix_str("sampling")
     target = open_target(source, int(budget["sample"]), seed, budget["list"], storage_options)
     user_dataset = target.kind == "dataset"
+    several = _several_nodes(target, nodes, ranks_per_node) if nodes is not None else None
+    notes = ["--nodes: the forecast needs a packed data set (its shards); pack it first"] if nodes and not several else []
     user_transform = transform is not None or decode_mode != "pil"
     if transform is None and not user_dataset and decode_mode == "pil":
         transform = StandardTransform(size)
     steps.update()
     with tempfile.TemporaryDirectory(prefix="stoker-doctor-") as scratch:
         steps.set_postfix_str("object store" if target.remote else "storage")
-        storage, remote, probed, notes = None, None, target, fallback_notes() + target.left_out
+        storage, remote, probed, notes = None, None, target, fallback_notes() + target.left_out + notes
         if target.remote:
             bounds, fetch_seconds = _REMOTE[quick]
             remote = probe_remote(target, bounds)
@@ -146,17 +154,33 @@ def doctor(source: str | os.PathLike | torch.utils.data.Dataset, transform: Call
             notes.append("--prove needs stored images to pack: a Dataset object's items are not proved")
     steps.close()
     settings = {"batch_size": batch_size, "step_time": step_time, "workers": workers, "size": size, "quick": quick,
-                "transform": repr(transform) if transform is not None else None, "cores": cores, "prove": prove}
+                "transform": repr(transform) if transform is not None else None, "cores": cores, "prove": prove,
+                "nodes": nodes, "ranks_per_node": ranks_per_node}
     target_info = {"kind": target.kind, "description": target.description, "num_samples": target.num_samples,
                    "estimated": target.estimated, "sample_size": target.sample_size, "remote": target.remote}
     return DoctorReport(target_info, settings, storage, decode, stages, loaders, verdict, time.perf_counter() - started,
-                        notes, pack, proof, compute_cpu, remote)
+                        notes, pack, proof, compute_cpu, remote, several)
 
 
-def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None) -> None:
+def _several_nodes(target: Target, nodes: int, ranks_per_node: int) -> NodeForecast | None:
+    """What ``nodes`` nodes fetch of a packed ``target`` (None for other targets: no shards to go by)."""
+    if target.kind != "packed":
+        return None
+    shards = target.dataset.shards
+    manifest_bytes = (shards.root / MANIFEST_NAME).stat().st_size
+    index_bytes = sum(entry.index_bytes for entry in shards.manifest.shards)
+    return forecast(np.array([entry.bytes for entry in shards.manifest.shards]), index_bytes, manifest_bytes, nodes,
+                    ranks_per_node)
+
+
+def _check(*, batch_size: int, workers: int | None, size: int, step_time: float | None, nodes: int | None,
+           ranks_per_node: int) -> None:
     """Refuse settings that cannot be measured, before any probe runs."""
     DOCTOR_BATCH.check(batch_size)
     DOCTOR_SIZE.check(size)
+    DOCTOR_RANKS.check(ranks_per_node)
+    if nodes is not None:
+        DOCTOR_NODES.check(nodes)
     for option, value in ((DOCTOR_WORKERS, workers), (STEP_TIME, step_time)):
         if value is not None:
             option.check(value)

@@ -23,7 +23,7 @@ from stoker.data.dataset import ShardDataset
 from stoker.data.epoch import EpochPlan, Order
 from stoker.data.mix import Mix
 from stoker.data.passes import Passes, PassesReader
-from stoker.data.readable import reads_ahead, storage_of
+from stoker.data.readable import reads_ahead, storage_lines_of, storage_of
 from stoker.data.readahead import ReadsAhead
 from stoker.env import warn_fallback_once
 from stoker.errors import OptionError
@@ -201,11 +201,13 @@ class Loader(PassesReader):
         return LoaderBatchSampler(self.sampler, self.batch_size, self.drop_last, self.__len__)
 
     def explain(self) -> str:
-        """What the next pass reads (epoch, where in it, seed and where the seed came from), and
-        what the loader does with its ``transform``, step by step: fused into the decode, batched
-        (and where), or per sample as given, each with the reason."""
+        """What the next pass reads (epoch, where in it, seed and where the seed came from), where
+        its bytes come from and where the node keeps them, and what the loader does with its
+        ``transform``, step by step: fused into the decode, batched (and where), or per sample as
+        given, each with the reason."""
         head = f"stoker.Loader({type(self.dataset).__name__}, batch_size={self.batch_size}): what runs where"
-        return self._plan.explain(head, "\n".join([f"  next pass: {self._passes.describe_next()}",
+        storage = "".join(f"\n  storage: {line}" for line in storage_lines_of(self.dataset))
+        return self._plan.explain(head, "\n".join([f"  next pass: {self._passes.describe_next()}{storage}",
                                                     *self._passes.describe_placement()]))
 
     def __len__(self) -> int:
@@ -251,17 +253,17 @@ class Loader(PassesReader):
             self._plan = self._plan.measured(*tuning.first_pass)  # tune=False: the choice measured, a new plan
             _log.info("stoker.Loader: %s (%s)", self.workers.describe(), self.workers.reason)
         plan = self._passes.start(number)
-        # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
-        ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
-                            reads_here=self.processes == 0)
-        ahead.set_depth(self._plan.settings.readahead)
-        # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
-        # while the kernel queues the reads, and the batch pipeline must not wait for that.
-        hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         maker = engine_for(self._plan, self.dataset, self.seed, plan.batches, self.on_error)
         if tuning is None:
             tuning = self._tuning = Tuning(self._plan, storage_of(self.dataset),
                                            batch_bytes(self._rows(), maker.buffer_shape()))
+        # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
+        ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
+                            reads_here=self.processes == 0, trail=self._most_prefetch() * self.batch_size)
+        ahead.set_depth(self._plan.settings.readahead)
+        # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
+        # while the kernel queues the reads, and the batch pipeline must not wait for that.
+        hints = ThreadPoolExecutor(1, thread_name_prefix="stoker-loader-readahead")
         made = with_one_opencv_thread(self._made(maker, plan, hints, ahead))  # the pass runs its own threads
         served = ServedBatches(made, lambda: self._plan.settings.echo, self.seed + plan.epoch, self)
         try:
@@ -319,6 +321,10 @@ class Loader(PassesReader):
             notes.append(f"{self.skipped} damaged sample{'' if self.skipped == 1 else 's'} skipped")
         return "; ".join(notes)
 
+    def _most_prefetch(self) -> int:
+        """The most batches the pass may make ahead of the loop: the tuner's bound, else ``prefetch``."""
+        return (self._tuning.most_prefetch if self._tuning is not None else None) or self.prefetch
+
     def _in_threads(self, maker: BatchMaker, plan: EpochPlan, hints: ThreadPoolExecutor, ahead: ReadsAhead,
                     numbers: range) -> Generator[Made, None, None]:
         """Batches ``numbers`` made by this process's threads (thread_batches.py), into the ring's
@@ -326,7 +332,7 @@ class Loader(PassesReader):
         drawn from (buffers are made only when first needed)."""
         assert self._tuning is not None
         if self._ring is None:  # (decode="gpu": buffers of no bytes, its pixels are made on the GPU)
-            most = self._tuning.most_prefetch or self.prefetch
+            most = self._most_prefetch()
             # With echoes: the batches they are drawn from, the one handed to the loop's thread and the one kept next.
             echoes = ECHO_BATCHES + 2 if self._plan.bounds is not None and self._plan.bounds.free("echo") else 0
             self._ring = BatchRing((self._rows(), *maker.buffer_shape()), most + 1 + echoes)

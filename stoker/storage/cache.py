@@ -8,6 +8,7 @@ Layout of ``cache_dir/<data set id>/``::
     .verified/shard-000003.tar  "inode mtime size checksum" of the copy when it was last checked
     .consumed/shard-000002.tar  the reader that staged it is done with it this epoch
     .damaged/shard-000005.tar   the object at the source is damaged: its version there and what is wrong
+    .needs/<stager>.*           what a live stager of the node will read, and where its reader is
     .locks/shard-000004.tar     held (flock) while one process fetches that shard
     .lock                       held while space is counted, reserved, freed, or a copy moved in
     limit                       the default limit, fixed when the folder was made
@@ -24,8 +25,12 @@ Every rule that keeps it correct across processes:
 - A reader opens a copy and then checks it (:meth:`ShardCache.open_copy`), and reads only through
   that descriptor: an eviction between its check and its reads cannot make a copy vanish under
   it, nor give it another copy than the one it checked.
-- A stager evicts shards marked consumed first, then the least recently used (access time),
-  never a shard it still needs; a reader fetching a shard on its own evicts only consumed ones.
+- While stagers live on the node (``.needs``, see stoker.storage.needs), room is made from the
+  copies the node's readers need last, all ranks together: first those no reader needs again
+  this epoch, then those needed furthest ahead; never one a reader is inside. A stager evicts
+  only copies needed later than the shard it fetches (else it waits), a reader (fetching the
+  shard it reads now) any copy not needed now. With no stager, a reader evicts only copies marked
+  consumed (a random order would otherwise evict a whole shard for each sample).
 - A copy is trusted while its ``.verified`` record matches its inode and modification time; any
   write to it changes those, and it is checked again before use, and fetched again if damaged.
 - A killed process leaves at most a partial, which is removed by the next process that needs
@@ -50,11 +55,14 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+import numpy as np
+
 from stoker.errors import CorruptDataError, LocalWriteError, OptionError, RemoteError
 from stoker.format import ShardEntry, file_checksum
 from stoker.format.layout import atomic_write, check_name
 from stoker.storage.files import descriptor_limit
 from stoker.storage.locks import exclusive, is_locked
+from stoker.storage.needs import Needs, next_needs
 from stoker.storage.remote import RemoteData
 from stoker.storage.settings import StorageSettings
 
@@ -93,8 +101,21 @@ class ShardCache:
             atomic_write(self.folder / "source", self.source.encode() + b"\n")
         self.explicit_limit = settings.cache_limit is not None
         self.limit = int(settings.cache_limit) if settings.cache_limit is not None else self._default_limit()
+        self._warned = False
         with exclusive(self.folder / ".lock", inherit=False):
             self._remove_abandoned_partials()
+
+    def warn_if_short(self, shards: Collection[int]) -> None:
+        """Warn (once) when the default limit has no room for ``shards``, those an order stages:
+        what a node reads is its ranks' share, not always the whole data set."""
+        if self.explicit_limit or self._warned:
+            return
+        need = sum(self.shards[shard].bytes for shard in shards)
+        if need > self.limit:
+            self._warned = True
+            log.warning("%s: the node cache in %s has room for %.1f GB (half its free space) of the %.1f GB of shards "
+                        "this rank reads; pass cache_limit= to shuffle and stage whole shards within it",
+                        self.source, self.cache_dir, self.limit / 1e9, need / 1e9)
 
     @property
     def holds_everything(self) -> bool:
@@ -107,6 +128,11 @@ class ShardCache:
         depend on this, never on a default limit (free space differs from node to node and run
         to run, and every rank must compute the same order)."""
         return self.explicit_limit and not self.holds_everything
+
+    def needs(self, shards: np.ndarray, first: np.ndarray, last: np.ndarray) -> Needs:
+        """A stager's entry in the node's record of what its stagers will read (see :meth:`fetch`):
+        ``shards``, each first needed at position ``first`` of its order and last at ``last``."""
+        return Needs(self.folder / ".needs", self.folder / ".lock", shards, first, last)
 
     def path(self, shard: int) -> Path:
         """Where the copy of shard number ``shard`` lives (it may not be there)."""
@@ -161,11 +187,13 @@ class ShardCache:
                 self._remove(entry.name)
         return False
 
-    def fetch(self, shard: int, keep: Collection[int] | None = None) -> bool:
+    def fetch(self, shard: int, staging: bool = False) -> bool:
         """Make sure an intact copy of ``shard`` is in the cache; True when it is.
 
-        When the budget is full, shards not in ``keep`` are evicted to make room (consumed
-        first, then least recently used); with ``keep=None`` only shards marked consumed are.
+        When the budget is full, copies are evicted to make room (see the module docstring): for a
+        reader (``staging`` False) any that the node's stagers need later than now, or with no
+        stager only those marked consumed; for a stager, those needed later than ``shard`` (with
+        no stager on record, any other: consumed first, then least recently used).
         False when there is no room, or the cache cannot be written (logged). Waits while another
         process fetches the same shard. Source errors raise RemoteError after retries; an object
         damaged at the source raises CorruptDataError (see :meth:`damage`); no file descriptor
@@ -182,7 +210,7 @@ class ShardCache:
             partial = self.folder / f"{_PARTIAL}{entry.name}"
             with exclusive(self.folder / ".lock", inherit=False):
                 partial.unlink(missing_ok=True)
-                if not self._make_room(entry.bytes, keep):
+                if not self._make_room(entry.bytes, shard, staging):
                     return False
                 partial.touch()  # from now on its shard's size counts as used, before a byte arrives
             try:
@@ -251,19 +279,27 @@ class ShardCache:
             self._marker("damaged", shard).unlink(missing_ok=True)
             self._mark_verified(shard, self.path(shard).stat())
 
-    def _make_room(self, need: int, keep: Collection[int] | None) -> bool:
-        """Evict until ``need`` more bytes fit (caller holds ``.lock``); False, evicting nothing, when they cannot."""
+    def _make_room(self, need: int, shard: int, staging: bool) -> bool:
+        """Evict until ``need`` more bytes fit for ``shard`` (see :meth:`fetch`; the caller holds
+        ``.lock``); False, evicting nothing, when they cannot."""
         self._remove_abandoned_partials()
         files = self._files()
         free = self.limit - sum(size for _, size, _ in files)
         if free >= need:
             return True
         consumed = set(os.listdir(self.folder / ".consumed"))
-        victims = sorted((name not in consumed, atime, name, size) for name, size, atime in files
-                         if not name.startswith(_PARTIAL) and (name in consumed if keep is None
-                                                               else self._numbers.get(name) not in keep))
+        ahead = next_needs(self.folder / ".needs", len(self.shards))
+        copies = [(name, size, atime, self._numbers.get(name)) for name, size, atime in files
+                  if not name.startswith(_PARTIAL) and name != self.shards[shard].name]
+        if ahead is None:  # no stager: no order to go by
+            later = [(0.0, name, size, atime) for name, size, atime, _ in copies if staging or name in consumed]
+        else:
+            bar = float(ahead[shard]) if staging else 0.0
+            later = [(needed, name, size, atime) for name, size, atime, number in copies
+                     if (needed := float("inf") if number is None else float(ahead[number])) > bar]
+        victims = sorted((-needed, name not in consumed, atime, name, size) for needed, name, size, atime in later)
         chosen = []
-        for _, _, name, size in victims:
+        for *_, name, size in victims:
             if free >= need:
                 break
             chosen.append(name)

@@ -1,8 +1,7 @@
 """A packed data set at an fsspec URL (``s3://``, ``gs://``, ``https://``, ...), read in place.
 
-Only the manifest and the indexes are fetched up front, into a local metadata folder (checked
-against the manifest's checksums, refetched when damaged, shared by every process on the node),
-so indexes are memory-mapped as for a local data set; shard bytes are read by range
+Only the manifest and the indexes are fetched up front, into a local metadata folder (once per
+node: :mod:`stoker.storage.metadata`), so indexes are memory-mapped as for a local data set; shard bytes are read by range
 (:meth:`RemoteData.read_range`: resumed from the last good byte; several in flight at once
 through :meth:`RemoteData.prefetch`), or whole files are downloaded (:meth:`RemoteData.download`,
 used by ``stoker stage`` and the node cache). Every request, its retries included, gives up
@@ -16,7 +15,6 @@ file system in its own process.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import threading
@@ -31,8 +29,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from stoker.errors import CorruptDataError, LocalWriteError, RemoteError
-from stoker.format import MANIFEST_NAME, FileChecksum, Manifest, file_checksum
-from stoker.format.layout import atomic_write, check_name
+from stoker.format import FileChecksum, file_checksum
 from stoker.storage.deadline import Deadline, NoAnswer, Progress, call_within
 from stoker.storage.fetch_pool import FetchPool
 from stoker.storage.files import raise_if_out_of_files
@@ -46,8 +43,6 @@ T = TypeVar("T")
 _CHUNK = 8 << 20
 # A write into the local copy that fails with one of these is the local disk's fault, not the source's.
 _LOCAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
-# Indexes fetched together in one concurrent batch.
-_BATCH = 64
 # What fsspec's info() reports that changes when a file's content is replaced (s3fs, gcsfs, local).
 _VERSION_KEYS = ("size", "ETag", "etag", "generation", "LastModified", "mtime", "ino")
 # How long a read may go without progress, retrying, before it fails (an outage shorter than this is ridden out).
@@ -83,8 +78,8 @@ def cache_root() -> Path:
 
 
 class RemoteData:
-    """The data set at ``url``: :meth:`metadata` fetches its manifest and indexes, :meth:`read`
-    reads one of its files, :meth:`read_range` a range of one (:meth:`prefetch`: in the background),
+    """The data set at ``url``: :meth:`read` reads one of its files (its manifest and indexes:
+    :func:`stoker.storage.metadata.node_metadata`), :meth:`read_range` a range of one (:meth:`prefetch`: in the background),
     :meth:`download` copies a whole one. ``storage_options`` go to fsspec; failures raise
     ``error`` (a RemoteError) after ``retries`` (see :func:`with_retries`; ranged reads: any
     number) or ``read_timeout`` seconds without progress, whichever comes first; ``parallel``:
@@ -106,20 +101,6 @@ class RemoteData:
         self._pid = 0
         self._pool: FetchPool | None = None
         self._pool_lock = ProcessLock()  # a forked worker's own: a parent thread may hold it at the fork
-
-    def metadata(self) -> Path:
-        """A local folder holding this data set's manifest and every index, fetched if missing or damaged."""
-        folder = cache_root() / "metadata" / hashlib.sha256(self.url.encode()).hexdigest()[:24]
-        folder.mkdir(parents=True, exist_ok=True)
-        text = self.read(MANIFEST_NAME)
-        manifest = Manifest.from_json(text, f"{self.url}/{MANIFEST_NAME}")
-        missing = [entry.index for entry in manifest.shards if not intact(folder / check_name(entry.index),
-                                                                           entry.index_bytes, entry.index_checksum)]
-        for start in range(0, len(missing), _BATCH):
-            for name, data in self.read_many(missing[start : start + _BATCH]).items():
-                atomic_write(folder / name, data)
-        atomic_write(folder / MANIFEST_NAME, text)
-        return folder
 
     def read(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``start:end`` of the data set's file ``name`` (all of it by default: its size asked
