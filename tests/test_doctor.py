@@ -26,7 +26,7 @@ import stoker
 from stoker.doctor import doctor, write_html
 from stoker.doctor.compute_probe import probe_decode, shrink_as_pack
 from stoker.doctor.contention import CpuWatch, DiskWatch, block_device
-from stoker.doctor.nodes import OPEN_SHARDS, forecast
+from stoker.doctor.nodes import OPEN_SHARDS, forecast, shards_read
 from stoker.doctor.pack_probe import probe_pack
 from stoker.doctor.prove import Proof
 from stoker.doctor.report import SCHEMA_PATH, DoctorReport, _decode_lines
@@ -161,23 +161,32 @@ def test_packed_data_gets_sequential_reads_and_a_stoker_loader_row(packed):
     validate(report.to_dict())
     total = sum(entry.bytes for entry in stoker.ShardDataset(packed).shards.manifest.shards)
     nodes = report.to_dict()["nodes"]
-    assert nodes["share_bytes"] == [total] * 8 and nodes["store_bytes_first_epoch"] == 8 * total  # today's order
-    assert nodes["store_bytes_later_epochs"] == 0 and nodes["cache_for_share_bytes"] == total
+    # Each node reads its own partitions of whole shards: the shares add up to the data set once
+    sizes = sorted(entry.bytes for entry in stoker.ShardDataset(packed).shards.manifest.shards)
+    assert sum(nodes["share_bytes"]) == total and nodes["store_bytes_first_epoch"] == total
+    assert max(nodes["share_bytes"]) < total or len(sizes) == 1
+    assert nodes["store_bytes_later_epochs"] == 0 and nodes["cache_for_share_bytes"] == max(nodes["share_bytes"])
     assert "Several nodes (8 x 4 ranks" in report.to_text()
 
 
 def test_the_node_forecast_from_shard_sizes():
-    """Per node: what it reads (today every node reads every shard), what it fetches per epoch with
-    a node cache holding that or not, the least cache, the manifest and indexes once, the stagger."""
-    shards = np.array([300, 200, 100])
-    several = forecast(shards, index_bytes=30, manifest_bytes=5, nodes=4, ranks=8)
-    assert several.share.tolist() == [600] * 4 and several.metadata == 35
+    """Per node: what it reads (its partitions' shards, as the Loader places them), what it fetches
+    per epoch with a node cache holding that or not, the least cache, the manifest and indexes
+    once, the stagger."""
+    shards, samples = np.array([300, 200, 100, 100, 300, 200, 100, 100]), np.full(8, 10)
+    several = forecast(shards, samples, index_bytes=30, manifest_bytes=5, nodes=4, ranks=8)
+    # 8 partitions of one shard each, partition p on node p % 4: the same shards as a Loader's nodes read
+    assert several.share.tolist() == [600, 400, 200, 200] and several.metadata == 35
+    for node, mine in enumerate(shards_read(samples, 4)):
+        assert several.share[node] == shards[mine].sum()
+    assert np.sort(np.concatenate(shards_read(samples, 4))).tolist() == list(range(8))  # each shard on one node
     first, later = several.per_epoch(float("inf"))
-    assert first.tolist() == [600] * 4 and later.tolist() == [0] * 4
+    assert first.tolist() == [600, 400, 200, 200] and later.tolist() == [0] * 4
     first, later = several.per_epoch(599)  # a cache below the share: every epoch, once
-    assert later.tolist() == [600] * 4
+    assert later.tolist() == [600, 0, 0, 0]
     assert several.least_cache == OPEN_SHARDS * 300 and 0 < several.stagger() < 0.2
-    assert forecast(shards, 30, 5, nodes=1, ranks=8).stagger() == 0.0
+    assert forecast(shards, samples, 30, 5, nodes=1, ranks=8).share.tolist() == [shards.sum()]
+    assert forecast(shards, samples, 30, 5, nodes=1, ranks=8).stagger() == 0.0
 
 
 def test_a_user_dataset_is_timed_per_item():

@@ -1,18 +1,21 @@
-"""What a job of several nodes asks of the store, from the data set's shards and the placement rule
+"""What a job of several nodes asks of the store, from the data set's shards and the placement
 (which shards each node's ranks read), before it runs: ``stoker doctor PATH --nodes N``.
 
-    shard bytes, nodes, ranks per node  ──forecast──>  per node: the bytes of the shards it reads
-                                                       (its share), what it fetches from the store
-                                                       per epoch with a cache that holds its share
-                                                       and with one that does not, the cache each
-                                                       needs; the manifest and indexes, once per node
+    shard bytes and samples, nodes, ranks per node  ──forecast──>  per node: the bytes of the shards
+                                                       it reads (its share), what it fetches from
+                                                       the store per epoch with a cache that holds
+                                                       its share and with one that does not, the
+                                                       cache each needs; the manifest and indexes,
+                                                       once per node
 
-The rule the ranks read by is :func:`shards_read`: today's order deals every global batch across
-all ranks, so every node reads part of every block, and each node's share is the whole data set.
-A node cache of whole shards (``cache_dir``, or the one chosen for several ranks) makes each node
-fetch each shard it reads once: once per run when its limit holds the node's share, about once per
-epoch when it does not (room for the shards its ranks have open and those staged next is the
-least that keeps it so: :data:`OPEN_SHARDS` of the largest).
+The shards each node's ranks read are :func:`shards_read`: the Loader's own placement
+(:mod:`stoker.data.placement`: whole shards in partitions, each on one node), so a node's share is
+about 1/N of the data set. A node cache of whole shards (``cache_dir``, or the one chosen for
+several ranks) makes each node fetch each shard it reads once: once per run when its limit holds
+the node's share, about once per epoch when it does not (room for the shards its ranks have open
+and those staged next is the least that keeps it so: :data:`OPEN_SHARDS` of the largest). Not
+counted: the tail of an epoch, where a node that ran out of its own samples reads some of the
+node with the most left (a few batches' worth).
 """
 
 from __future__ import annotations
@@ -21,20 +24,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stoker.data.placement import Placement, default_partitions, node_shards
 from stoker.storage.node import NodePlace
 
 # How the ranks' reads fall on nodes (see shards_read), in words.
-PLACEMENT = "the order deals every global batch across all ranks, so each node reads part of every shard"
+PLACEMENT = "each node reads its own partitions of whole shards"
 # Shards a node's cache needs room for at the least: those its ranks read at once and as many
 # staged next (the order shuffles whole shards, as many open as fill half the limit, when the
 # limit is below what the node reads).
 OPEN_SHARDS = 4
 
 
-def shards_read(shards: int, nodes: int) -> list[np.ndarray]:
-    """The shards each node's ranks read in an epoch: all of them on every node (today's order
-    deals each global batch, a slice of one global sequence, across every rank)."""
-    return [np.arange(shards) for _ in range(nodes)]
+def shards_read(shard_samples: np.ndarray, nodes: int) -> list[np.ndarray]:
+    """The shards each node's ranks read in an epoch: those of its partitions, as a Loader or sampler
+    places them on ``nodes`` nodes by default (:func:`stoker.data.placement.default_partitions`)."""
+    partitions = default_partitions(len(shard_samples), nodes)
+    placement = Placement.of(partitions, nodes)
+    return [node_shards(shard_samples, partitions, np.array(placement.node_of), node) for node in range(nodes)]
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,10 @@ class NodeForecast:
                 f"spread over {self.stagger():.2f} s"]
 
 
-def forecast(shard_bytes: np.ndarray, index_bytes: int, manifest_bytes: int, nodes: int, ranks: int) -> NodeForecast:
-    """The forecast for ``nodes`` nodes of ``ranks`` ranks reading shards of ``shard_bytes``
-    (``index_bytes`` of indexes and a manifest of ``manifest_bytes`` besides)."""
+def forecast(shard_bytes: np.ndarray, shard_samples: np.ndarray, index_bytes: int, manifest_bytes: int, nodes: int,
+             ranks: int) -> NodeForecast:
+    """The forecast for ``nodes`` nodes of ``ranks`` ranks reading shards of ``shard_bytes`` and
+    ``shard_samples`` (``index_bytes`` of indexes and a manifest of ``manifest_bytes`` besides)."""
     sizes = np.asarray(shard_bytes, np.int64)
-    share = np.array([int(sizes[mine].sum()) for mine in shards_read(len(sizes), nodes)], np.int64)
+    share = np.array([int(sizes[mine].sum()) for mine in shards_read(np.asarray(shard_samples), nodes)], np.int64)
     return NodeForecast(nodes, ranks, share, int(sizes.max(initial=0)), int(sizes.sum()), index_bytes + manifest_bytes)
