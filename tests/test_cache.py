@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from queue import Empty
 
+import numpy as np
 import pytest
 import torch.utils.data
 
@@ -63,6 +64,23 @@ def test_local_data_through_a_cache_is_byte_exact_and_the_cache_fills(packed, tm
     assert cached_copies(tmp_path / "cache") == {p.name: p.read_bytes() for p in packed.glob("*.tar")}
     again, order = read_with_sampler(dataset, context, seed=1)
     assert again == [plain[i] for i in order]
+
+
+def test_a_shard_no_stager_of_the_node_reads_is_read_in_place(packed, tmp_path):
+    """Another node's shard, read for a few samples at an epoch's end, is not fetched whole: with a
+    stager living on the node whole copies are made only of the shards some stager will read."""
+    dataset = stoker.ShardDataset(packed, decode="raw", cache_dir=tmp_path / "cache")
+    cache, plain = dataset.shards.cache, stoker.ShardDataset(packed, decode="raw")
+    first_of = [int(start) for start in dataset.shards.starts[:-1]]
+    assert cache.wanted_whole(1)  # no stager: a reader fetches what it reads (a random order fills the cache)
+    needs = cache.needs(np.array([0]), np.array([0]), np.array([5]))  # a stager of the node reads shard 0 only
+    try:
+        assert cache.wanted_whole(0) and not cache.wanted_whole(1)
+        assert dataset[first_of[1]] == plain[first_of[1]] and dataset[first_of[0]] == plain[first_of[0]]
+        assert set(cached_copies(tmp_path / "cache")) == {read_manifest(packed).shards[0].name}
+    finally:
+        needs.close()
+    assert cache.wanted_whole(1)
 
 
 def test_remote_data_through_a_cache_fetches_each_shard_once(s3, remote, packed, tmp_path):

@@ -39,8 +39,8 @@ class LocalFile:
         self._lock = threading.Lock()
         self._closer: weakref.finalize | None = None
 
-    def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
-        """The bytes ``wanted`` asks for, checked (see :meth:`read_held`)."""
+    def read(self, wanted: MemberRead, into: ReadBuffer | None, alone: bool = False) -> bytes | memoryview:
+        """The bytes ``wanted`` asks for, checked (see :meth:`read_held`; a disk reads no more for ``alone``)."""
         fd = self._open_held()
         try:
             return self.read_held(fd, wanted, into)

@@ -295,9 +295,9 @@ class Mix(torch.utils.data.Dataset):
         return f"weights {weights} (exactly {exact}); epoch_size {self.epoch_size}; exhausted {self.exhausted}"
 
     def lookahead(self, order: np.ndarray, window: int, hint_blocks: bool = True, reads_here: bool = True,
-                  trail: int = 0) -> MixLookahead:
+                  trail: int = 0, home: list[np.ndarray] | None = None) -> MixLookahead:
         """Reading ahead of ``order`` (mix indices): each source's own (see :class:`Lookahead`)."""
-        return MixLookahead(self, order, window, hint_blocks, reads_here, trail)
+        return MixLookahead(self, order, window, hint_blocks, reads_here, trail, home)
 
     def __repr__(self) -> str:
         weights = ", ".join(f"{n!r}: {w:.3g}" for n, w in self.weights.items())
@@ -309,12 +309,13 @@ class MixLookahead:
     hinted (or its shards staged) in the order that source's samples come up."""
 
     def __init__(self, mix: Mix, order: np.ndarray, window: int, hint_blocks: bool = True,
-                 reads_here: bool = True, trail: int = 0) -> None:
+                 reads_here: bool = True, trail: int = 0, home: list[np.ndarray] | None = None) -> None:
         self.mix = mix
         source_of = mix.source_of(order)
         self.positions = [np.flatnonzero(source_of == i) for i in range(len(mix.sources))]
         self.window, self.windows = window, mix.windows(window)
-        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here, trail)
+        self.parts = [Lookahead(s.shards, b, order[p] - mix.offsets[i], w, hint_blocks, reads_here, trail,
+                                None if home is None else home[i])
                       for i, (s, b, w, p) in enumerate(zip(mix.sources, mix.bounds(), self.windows, self.positions))]
 
     def advance(self, position: int) -> None:

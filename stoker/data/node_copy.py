@@ -24,9 +24,11 @@ class NodeCopy:
     ``source`` until then.
 
     A read of a shard that is not cached fetches it whole into the cache first (waiting while
-    another process fetches it), when there is room evicting only shards a stager marked
-    consumed: so a random order fills the cache during the first epoch, and a reader that
-    overtook the stager reads whole shards, not single samples. With no room it reads from the
+    another process fetches it) when a stager of the node will read it, or none lives (another
+    node's shard, read for a few samples at an epoch's end, is read from ``source``), when there
+    is room evicting only shards a stager marked consumed: so a random order fills the cache
+    during the first epoch, and a reader that overtook the stager reads whole shards, not single
+    samples. With no room it reads from the
     source, and asks again a second later. A copy is opened, then checked, and read only through
     that descriptor, held for the length of each read, or of a native block (:meth:`pinned_file`:
     a copy that is there, never fetched for it): a copy evicted, or evicted and fetched again,
@@ -49,13 +51,15 @@ class NodeCopy:
         self.path = self.copy.path
         self._retry_at = 0.0
         self._damage: CorruptDataError | None = None
+        self._elsewhere = False  # no stager of the node reads this shard (another node's): not fetched whole
 
-    def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
+    def read(self, wanted: MemberRead, into: ReadBuffer | None, alone: bool = False) -> bytes | memoryview:
         """The bytes ``wanted`` asks for, from the copy (fetched first when there is room), else
-        from the source; a copy found damaged is dropped and the bytes read from the source."""
+        from the source (just the member's bytes for another node's shard); a copy found damaged is
+        dropped and the bytes read from the source."""
         fd = self._pin(wanted)
         if fd is None:
-            return self.source.read(wanted, into)
+            return self.source.read(wanted, into, alone or self._elsewhere)
         try:
             return self.copy.read_held(fd, wanted, into)
         except CorruptDataError:
@@ -128,6 +132,10 @@ class NodeCopy:
         CorruptDataError as ``wanted``'s, and again at once for every read in the next second."""
         try:
             fd = self.cache.open_copy(self.shard)
+            self._elsewhere = fd is None and not self.cache.wanted_whole(self.shard)
+            if self._elsewhere:
+                self._retry_at = time.monotonic() + _CACHE_RETRY_SECONDS  # another node's: read in place
+                return None
             if fd is None and self.cache.fetch(self.shard):  # a RemoteError propagates
                 fd = self.cache.open_copy(self.shard)  # None when evicted again meanwhile
         except CorruptDataError as e:

@@ -142,6 +142,11 @@ class Passes:
         return [node_shards(self.epoch_order.blocks(i).shard_samples(), self.placement.partitions,
                             np.array(self.placement.node_of), node) for i in range(self.epoch_order.sources)]
 
+    def home_shards(self) -> list[np.ndarray] | None:
+        """This rank's node's shards per source where the data is placed on several nodes, the
+        only ones its node cache stages; None on one node (every shard is the node's)."""
+        return self.node_shards() if self.placement.partitions > 1 else None
+
     def __len__(self) -> int:
         """Samples per epoch, all ranks together."""
         return len(self.epoch_order)

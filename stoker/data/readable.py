@@ -28,14 +28,17 @@ def epoch_order_of(dataset: Readable, order: Order, window: int) -> BlockOrder |
 
 
 def reads_ahead(dataset: Readable, epoch_order: BlockOrder | MixOrder, share: np.ndarray,
-                hint_blocks: bool, reads_here: bool, trail: int = 0) -> ReadsAhead:
+                hint_blocks: bool, reads_here: bool, trail: int = 0,
+                home: list[np.ndarray] | None = None) -> ReadsAhead:
     """The reading ahead of a pass over ``share`` (see :class:`Lookahead`; ``reads_here``: whether this
-    process reads the samples; ``trail``: how far reads may trail the position ahead is given): a
-    Mix's reads each source's."""
+    process reads the samples; ``trail``: how far reads may trail the position ahead is given;
+    ``home``: the shards of each source that this rank's node holds, None: all): a Mix's reads
+    each source's."""
     if isinstance(dataset, Mix):
-        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here, trail)
+        return dataset.lookahead(share, epoch_order.window, hint_blocks, reads_here, trail, home)
     assert isinstance(epoch_order, BlockOrder)
-    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here, trail)
+    return Lookahead(dataset.shards, epoch_order.bounds, share, epoch_order.window, hint_blocks, reads_here, trail,
+                     None if home is None else home[0])
 
 
 def shard_bounds_of(dataset: Readable) -> np.ndarray:

@@ -125,15 +125,22 @@ class Lookahead:
     are read ahead only where the samples are read (``reads_here``); the node cache and a disk's
     page cache serve every process. ``trail``: how far behind the position given to
     :meth:`advance` reads may still be going on (batches in flight), so that no shard they read is
-    taken for done. Call :meth:`advance` as the order is consumed and
+    taken for done. ``home``: the shards this rank's node holds (its partitions' on several
+    nodes; None: all), the only ones staged: the few samples of other nodes' shards a rank reads
+    at an epoch's end are read where they are (a shard no stager of the node needs is not fetched
+    whole, see :meth:`ShardCache.wanted_whole`). Call :meth:`advance` as the order is consumed and
     :meth:`close` at the end."""
 
     def __init__(self, shards: ShardSet, bounds: np.ndarray, order: np.ndarray, window: int,
-                 hint_blocks: bool = True, reads_here: bool = True, trail: int = 0) -> None:
+                 hint_blocks: bool = True, reads_here: bool = True, trail: int = 0,
+                 home: np.ndarray | None = None) -> None:
         cache = shards.cache
         self.stager = None
         if cache is not None:
             staged, first, last = shard_schedule(shards.starts, order)
+            if home is not None:
+                mine = np.isin(staged, home)
+                staged, first, last = staged[mine], first[mine], last[mine]
             cache.warn_if_short(staged.tolist())
             self.stager = Stager(cache, staged, first, last, ahead=shards.settings.cache_ahead, trail=trail)
         hint = hint_blocks and self.stager is None and (reads_here or shards.remote is None)

@@ -65,9 +65,10 @@ class ByteSource(Protocol):
 
     path: str  # what errors name: the file, the object's URL, or the node-cache copy
 
-    def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
+    def read(self, wanted: MemberRead, into: ReadBuffer | None, alone: bool = False) -> bytes | memoryview:
         """The bytes ``wanted`` asks for, checked by it (into ``into`` when they fit, a view of it
-        returned); read again where the source can before a failed check raises CorruptDataError."""
+        returned); read again where the source can before a failed check raises CorruptDataError.
+        ``alone``: read just these bytes, nothing around them (an object store's block, say)."""
         ...
 
     def readahead(self, first: int, last: int, start: int, end: int, reads: np.ndarray) -> None:

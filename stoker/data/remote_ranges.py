@@ -51,10 +51,11 @@ class RemoteRanges:
         self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()  # done, or being fetched
         self._spans: OrderedDict[int, _Span] = OrderedDict()
 
-    def read(self, wanted: MemberRead, into: ReadBuffer | None) -> bytes | memoryview:
-        """The bytes ``wanted`` asks for, checked; read once more on their own when they fail."""
+    def read(self, wanted: MemberRead, into: ReadBuffer | None, alone: bool = False) -> bytes | memoryview:
+        """The bytes ``wanted`` asks for, checked; read once more on their own when they fail.
+        ``alone``: one ranged read of the member, never its whole block."""
         try:
-            return wanted.checked(_into(self._fetch(wanted), into), self.path)
+            return wanted.checked(_into(self._fetch(wanted, alone), into), self.path)
         except CorruptDataError as first:
             again = self.remote.read_range(self.entry.name, wanted.offset, wanted.offset + wanted.size)
             try:
@@ -63,11 +64,11 @@ class RemoteRanges:
                 raise wanted.damaged(self.path, f"{first.reason}, the same on reading it again: "
                                                 "damaged at the source") from None
 
-    def _fetch(self, wanted: MemberRead) -> bytes:
+    def _fetch(self, wanted: MemberRead, alone: bool = False) -> bytes:
         """The bytes ``wanted`` asks for: from a block read ahead, a block in memory, or one ranged read."""
         offset, size = wanted.offset, wanted.size
         data = self._from_span(wanted.local, offset, size)
-        if data is None:
+        if data is None and not alone:
             data = self._from_block(offset // self.recent.block_bytes, offset, size)
         if data is None:
             data = self.remote.read_range(self.entry.name, offset, offset + size)

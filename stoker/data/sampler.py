@@ -157,7 +157,8 @@ class QuasiRandomSampler(torch.utils.data.Sampler[int], PassesReader):
     def _pass(self, number: int) -> Iterator[int]:
         share = self._passes.start(number).share
         # DataLoader workers read in other processes: blocks of an object store fetched here would go unread.
-        ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead, reads_here=False)
+        ahead = reads_ahead(self.dataset, self._order, share, hint_blocks=self.readahead, reads_here=False,
+                            home=self._passes.home_shards())
         try:
             for start in range(0, len(share), _HINT_EVERY):
                 ahead.advance(start)

@@ -259,7 +259,8 @@ class Loader(PassesReader):
                                            batch_bytes(self._rows(), maker.buffer_shape()))
         # Whole blocks ahead of a fully random order would be read for one sample each: no hints there.
         ahead = reads_ahead(self.dataset, self._epoch_order, plan.share, hint_blocks=self.order != "random",
-                            reads_here=self.processes == 0, trail=self._most_prefetch() * self.batch_size)
+                            reads_here=self.processes == 0, trail=self._most_prefetch() * self.batch_size,
+                            home=self._passes.home_shards())
         ahead.set_depth(self._plan.settings.readahead)
         # Hints go through a thread of their own: under a throttled disk posix_fadvise can block
         # while the kernel queues the reads, and the batch pipeline must not wait for that.

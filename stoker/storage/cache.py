@@ -25,6 +25,8 @@ Every rule that keeps it correct across processes:
 - A reader opens a copy and then checks it (:meth:`ShardCache.open_copy`), and reads only through
   that descriptor: an eviction between its check and its reads cannot make a copy vanish under
   it, nor give it another copy than the one it checked.
+- While stagers live on the node, a reader fetches only shards some stager will read: the few
+  samples a rank reads of another node's partitions at an epoch's end are read from the source.
 - While stagers live on the node (``.needs``, see stoker.storage.needs), room is made from the
   copies the node's readers need last, all ranks together: first those no reader needs again
   this epoch, then those needed furthest ahead; never one a reader is inside. A stager evicts
@@ -128,6 +130,15 @@ class ShardCache:
         depend on this, never on a default limit (free space differs from node to node and run
         to run, and every rank must compute the same order)."""
         return self.explicit_limit and not self.holds_everything
+
+    def wanted_whole(self, shard: int) -> bool:
+        """Whether a reader that finds ``shard`` missing should fetch it whole into the cache: yes
+        with no stager on the node (no order to go by: a random order fills the cache), else only
+        when some stager will read it. A shard no stager needs is one a rank reads a few samples of
+        at an epoch's end, from another node's partitions: those samples are read where they are."""
+        with exclusive(self.folder / ".lock", inherit=False):
+            ahead = next_needs(self.folder / ".needs", len(self.shards))
+        return ahead is None or bool(np.isfinite(ahead[shard]))
 
     def needs(self, shards: np.ndarray, first: np.ndarray, last: np.ndarray) -> Needs:
         """A stager's entry in the node's record of what its stagers will read (see :meth:`fetch`):
