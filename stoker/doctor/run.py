@@ -169,7 +169,7 @@ def _several_nodes(target: Target, nodes: int, ranks_per_node: int) -> NodeForec
     shards = target.dataset.shards
     manifest_bytes = (shards.root / MANIFEST_NAME).stat().st_size
     index_bytes = sum(entry.index_bytes for entry in shards.manifest.shards)
-    return forecast(np.array([entry.bytes for entry in shards.manifest.shards]), np.diff(shards.manifest.starts),
+    return forecast(np.array([entry.bytes for entry in shards.manifest.shards]), np.diff(shards.starts),
                     index_bytes, manifest_bytes, nodes, ranks_per_node)
 
 
