@@ -93,14 +93,15 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
     import simplejpeg
 
     import stoker
-    from stoker.loader import batches, decode_crop, native_chunk, photometric
+    from stoker.augment import native
+    from stoker.loader import decode_crop, native_chunk, thread_augment
 
     if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
         native_chunk.decode_chunk = None
-        photometric.apply_chunk = None
+        native.apply_chunk = None
     else:
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk)
-        batches.augment_chunk = _cpu_counted(batches.augment_chunk)
+        thread_augment.augment_chunk = _cpu_counted(thread_augment.augment_chunk)
     for name in ("decode_region", "resize_crop"):  # what the per-image path runs without the GIL
         if getattr(decode_crop, name) is not None:
             setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name)))
