@@ -64,7 +64,7 @@ def test_doctor_on_a_packed_data_set_in_an_object_store(remote, far, link, tmp_p
     assert store.stage is not None and store.stage["cache_dir"] == "/dev/shm/stoker"  # 7 MB fits in RAM
     out = report.to_dict()
     validate(out)
-    assert out["schema_version"] == 6 and out["target"]["remote"] and out["target"]["kind"] == "packed"
+    assert out["schema_version"] == 7 and out["target"]["remote"] and out["target"]["kind"] == "packed"
     assert out["object_store"]["proposed"]["reads_in_flight"] == store.reads_in_flight
     reasons = " ".join(report.verdict.reasons)
     assert f"{store.reads_in_flight} reads of" in reasons and "object store" in reasons

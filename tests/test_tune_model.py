@@ -4,10 +4,11 @@ would choose (stoker/tune/model.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from stoker.tune.model import Source, Stages, choose, loader_choice, predict
+from stoker.tune.model import Source, Stages, choose, loader_choice, other_demand, predict
 from stoker.tune.settings import MIB, Bounds, Settings, loader_start
 
 STORE = Source(first_byte_s=0.02, stream_bytes_per_s=50e6)  # one request: 2 MiB in 62 ms, ~34 MB/s
@@ -27,6 +28,18 @@ def test_a_slower_training_loop_is_no_bottleneck_of_the_input():
 def test_other_processes_leave_fewer_cores():
     made = predict(Stages(cores=4, per_core=500, other_cores=1.5), Settings(threads=5))
     assert made.rate == 1250 and made.bottleneck == "cpu"
+
+
+def test_on_cores_shared_thread_by_thread_more_threads_get_more_of_them():
+    """The kernel gives each thread ready to run its share: with another process running one thread
+    on 2 cores, 3 threads of ours get 1.5 cores and 6 get 12/7; the others get no more than they ask."""
+    shared = Stages(cores=2, per_core=1000, other_demand=1.0)
+    assert predict(shared, Settings(threads=3)).rate == pytest.approx(1500)
+    assert predict(shared, Settings(threads=6)).rate == pytest.approx(12000 / 7)
+    assert predict(replace(shared, other_demand=0.2), Settings(threads=3)).rate == pytest.approx(1800)
+    # What they would run, from what a window measured: 3 threads of ours used 1.5 of 2 busy cores.
+    assert other_demand(2, 3, own_cores=1.5, other_cores=0.5) == pytest.approx(1.0)
+    assert other_demand(4, 3, own_cores=2.0, other_cores=0.5) == 0.5  # room left: they took what they asked
 
 
 def test_threads_waiting_for_reads_use_a_share_of_a_core():

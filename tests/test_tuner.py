@@ -27,7 +27,8 @@ def measured(true: Stages, settings: Settings, *, noise: float = 1.0, seconds: f
     cpu = images / true.per_core
     read_bytes = images * true.image_bytes if true.storage is not None else 0.0
     window = Window(seconds, round(images), round(served * seconds), waited * seconds, busy, cpu, cpu,
-                    other_cores=true.other_cores)
+                    other_cores=true.other_cores if true.other_demand is None else
+                    true.cores - true.cores_for(settings.workers) if made.bottleneck == "cpu" else true.other_demand)
     if true.storage is None:
         return window
     if not true.remote:
@@ -47,9 +48,9 @@ def run(tuner: Tuner, true: Stages, windows: int, noise: list[float] | None = No
 
 
 def tuner_for(cores: int, start: Settings | None = None, *, remote: bool = False, echo: bool = False,
-              **bounds: object) -> Tuner:
+              ranks_here: int = 1, **bounds: object) -> Tuner:
     start = start or loader_start(cores)
-    limits = replace(loader_bounds(cores, start, remote=remote, echo=echo), **bounds)
+    limits = replace(loader_bounds(cores, start, remote=remote, echo=echo, ranks_here=ranks_here), **bounds)
     return Tuner(limits, start, Known(cores, remote=remote))
 
 
@@ -96,6 +97,8 @@ def test_noise_after_a_kept_change_does_not_undo_it():
 
 
 def test_it_backs_off_when_other_processes_take_the_cores_and_comes_back_when_they_leave():
+    """Others that hold 2 of 4 cores whatever we run (a cgroup's share): the back-off to 3 threads
+    holds the rate and is kept, which shows more threads would get no more of them: settled."""
     alone = Stages(cores=4, per_core=500, consumer=20000)
     shared = replace(alone, other_cores=2.0)
     tuner = tuner_for(4)
@@ -106,6 +109,21 @@ def test_it_backs_off_when_other_processes_take_the_cores_and_comes_back_when_th
     assert "other processes took 2.0 of 4 cores" in taken[0].why
     back = run(tuner, alone, 6)
     assert [d.action for d in back] == ["try", "keep", "settle"] and tuner.settings.threads == 4
+
+
+def test_where_the_kernel_shares_the_cores_by_thread_it_runs_more_threads():
+    """bench/autotune.py's scenario f: 2 cores, another process spinning a thread (and a little
+    more). 3 threads of ours get 1.4 cores, 6 get 1.7: the tuner finds that, keeps it as measured,
+    and settles; alone again, the 6 threads lose nothing (both cores are used) and stay."""
+    alone = Stages(cores=2, per_core=1000, consumer=20000)
+    shared = replace(alone, other_demand=1.2)
+    tuner = tuner_for(2)
+    assert [d.action for d in run(tuner, alone, 3)] == ["settle"] and tuner.settings.threads == 3
+    taken = run(tuner, shared, 6)
+    assert [d.action for d in taken] == ["try", "keep", "settle"] and tuner.settings.threads == 6
+    assert predict(shared, tuner.settings).rate == pytest.approx(2000 * 6 / 7.2)
+    assert tuner_for(2, ranks_here=2).bounds.threads == (1, 3)  # one of a node's ranks: no more than cores + 1
+    assert run(tuner, alone, 6) == [] and predict(alone, tuner.settings).rate == 2000
 
 
 def test_a_back_off_that_costs_more_than_the_margin_is_undone():

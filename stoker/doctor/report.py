@@ -22,8 +22,8 @@ from stoker.doctor.verdict import Verdict, gpu_idle
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 # 3: sample_pack.loader_capped; 4: cpu_contention, loaders[].other_cores; 5: object_store, target.remote;
-# 6: verdict.tuner, nodes (the forecast of --nodes)
-SCHEMA_VERSION = 6
+# 6: verdict.tuner, nodes (the forecast of --nodes); 7: verdict.tuner.stages.other_demand
+SCHEMA_VERSION = 7
 
 
 @dataclass

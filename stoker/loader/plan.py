@@ -34,6 +34,7 @@ from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from stoker.loader.torchvision_plan import Step, TransformPlan, plan
 from stoker.loader.workers import WorkerChoice, available_cores, choose_workers
+from stoker.storage.node import environ_int
 from stoker.storage.remote import DOWNLOAD_PART
 from stoker.tune.settings import INF, Bounds, Settings, loader_bounds, loader_start
 from stoker.tune.tuner import Decision
@@ -87,13 +88,15 @@ class Options:
 class Machine:
     """What the plan needs of the machine: its cores, whether the region-decode and photometric
     extensions run here, the GPU that ``decode="gpu"`` takes by default (None: not asked), and
-    the ``memory`` (bytes) free for the taking, of which the tuner may use :data:`MEMORY_SHARE`."""
+    the ``memory`` (bytes) free for the taking, of which the tuner may use :data:`MEMORY_SHARE`, and
+    the ranks of this node sharing its cores."""
 
     cores: int
     region_decode: bool = True
     photometric: bool = True
     gpu: torch.device | None = None
     memory: float = INF
+    ranks_here: int = 1  # the ranks of this node (torchrun's LOCAL_WORLD_SIZE)
 
 
 def machine(decode: str) -> Machine:
@@ -102,7 +105,8 @@ def machine(decode: str) -> Machine:
     # An Augment without ops is supported exactly where the photometric extension is built and fast.
     photometric = supports(Augment(device="cpu", backend="opencv", threads=1))
     return Machine(available_cores(), native_chunk.decode_chunk is not None, photometric,
-                   default_device() if decode == "gpu" else None, available_memory())
+                   default_device() if decode == "gpu" else None, available_memory(),
+                   max(1, environ_int("LOCAL_WORLD_SIZE", 1)))
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ def _bounds(data: Description, options: Options, here: Machine, start: Settings)
     :data:`MEMORY_SHARE` of the memory free."""
     bounds = loader_bounds(here.cores, start, remote=data.remote, echo=options.echo == "auto",
                            processes=not data.fetched_per_process and options.decode == "cpu",
-                           memory_bytes=MEMORY_SHARE * here.memory)
+                           memory_bytes=MEMORY_SHARE * here.memory, ranks_here=here.ranks_here)
     fixed = {"prefetch": options.prefetch is not None, "reads_in_flight": data.reads_in_flight is not None,
              "readahead": not options.hints or data.cached,
              "threads": options.threads is not None or options.processes is not None or options.decode == "gpu"}

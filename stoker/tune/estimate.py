@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from stoker.tune.model import Source, Stages
+from stoker.tune.model import Source, Stages, other_demand
 from stoker.tune.settings import INF, Settings
 
 Limit = Literal["none", "queue", "cpu", "object store", "storage", "gil"]
@@ -90,7 +90,9 @@ class Known:
     """What does not change while a Loader runs: its ``cores``, whether the data is at a URL
     (``remote``), the mean stored bytes of a sample and of a block; and what the tuner has learned
     of the storage from its own trials: the most it moved (``link_bytes_per_s``) and one
-    request's streaming rate (``stream_bytes_per_s``)."""
+    request's streaming rate (``stream_bytes_per_s``); and of the cores, whether other processes
+    share them thread by thread (``shared_by_thread``: the kernel's way, until fewer threads of ours
+    were measured as fast, which shows the others hold their cores whatever we run)."""
 
     cores: int
     remote: bool = False
@@ -98,6 +100,7 @@ class Known:
     block_bytes: float = 8 << 20
     link_bytes_per_s: float = INF
     stream_bytes_per_s: float = INF
+    shared_by_thread: bool = True
 
 
 def estimate(window: Window, settings: Settings, known: Known) -> tuple[Stages, Limit]:
@@ -107,15 +110,19 @@ def estimate(window: Window, settings: Settings, known: Known) -> tuple[Stages, 
     seconds = max(window.seconds, 1e-9)
     consumer = window.served / max(seconds - window.waited_s, 1e-9)
     per_core = window.images / window.cpu_s if window.cpu_s > 0 else INF
-    stages = Stages(known.cores, per_core, min(window.other_cores, float(known.cores)), consumer=consumer,
-                    remote=known.remote, image_bytes=known.image_bytes, block_bytes=known.block_bytes)
+    own, other = window.process_cpu_s / seconds, min(window.other_cores, float(known.cores))
+    demand = other_demand(known.cores, settings.workers, own, other) if known.shared_by_thread else None
+    stages = Stages(known.cores, per_core, other, demand,
+                    consumer=consumer, remote=known.remote, image_bytes=known.image_bytes,
+                    block_bytes=known.block_bytes)
     if window.waited < WAITED_ENOUGH:
         return stages, "none"
     if window.busy_s < WORKERS_IDLE * settings.workers * seconds:
         return stages, "queue"
-    if window.process_cpu_s / seconds >= CORES_USED * min(settings.workers, stages.free_cores):
+    had = stages.cores_for(settings.workers)
+    if own >= CORES_USED * had:
         # What the cores gave, all of it counted (the loop process's share of each batch too).
-        return replace(stages, per_core=window.fresh / min(settings.workers, stages.free_cores)), "cpu"
+        return replace(stages, per_core=window.fresh / had), "cpu"
     if known.remote and window.requests and window.read_s / seconds >= READS_BUSY * settings.reads_in_flight:
         return replace(stages, storage=_store(window, known)), "object store"
     if not known.remote and window.disk_bytes >= DISK_SHARE * window.images * known.image_bytes:

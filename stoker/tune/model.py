@@ -25,6 +25,8 @@ from stoker.tune.settings import INF, MIB, Bounds, Settings, loader_bounds, load
 Bottleneck = Literal["storage", "object store", "cpu", "gil", "none"]
 # A setting within this share of the best rate counts as good as it: the cheapest of those is chosen.
 CLOSE_ENOUGH = 0.02
+# The cores were all busy (ours and other processes' together) past this share of them.
+BUSY = 0.9
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,10 @@ class Stages:
     """What each stage of a Loader costs or gives, measured (``inf``: no limit, or not measured).
 
     ``cores``: the cores the process may run on, ``other_cores`` the cores' worth other processes
-    take of them; ``per_core``: images one core reads, decodes, crops and augments per second
+    took of them; ``other_demand`` the cores' worth they would run if they could (their threads
+    ready to run: the kernel shares the cores between all such threads, so more threads of ours get
+    more of them; see :meth:`cores_for`), None where what they took is theirs whatever we run (a
+    cgroup's share, or not known); ``per_core``: images one core reads, decodes, crops and augments per second
     (a running Loader measures every per-sample stage together here), ``transform_per_core``: the
     images one core runs a per-sample transform on besides (the doctor measures it apart); ``duty``: the share of its time a
     worker thread computes while it makes samples (below 1: it waits for reads); ``gil_rate``:
@@ -62,6 +67,7 @@ class Stages:
     cores: float
     per_core: float
     other_cores: float = 0.0
+    other_demand: float | None = None
     duty: float = 1.0
     gil_rate: float = INF
     storage: Source | None = None
@@ -80,6 +86,18 @@ class Stages:
     def free_cores(self) -> float:
         """The cores other processes leave (at least a tenth of one: a core shared is never none)."""
         return max(0.1, self.cores - self.other_cores)
+
+    def cores_for(self, workers: float) -> float:
+        """The cores ``workers`` threads of ours get (each computing ``duty`` of its time): what
+        they use while the others leave room; on cores shared with ``other_demand``, each thread
+        ready to run its equal share (the others no more than they ask); else the cores others leave."""
+        ours = workers * self.duty
+        if self.other_demand is None:
+            return min(ours, self.free_cores)
+        threads = max(1.0, self.other_demand)  # a process asking less than a core still runs a thread
+        theirs = self.other_demand if ours + self.other_demand <= self.cores else min(
+            self.other_demand, self.cores * threads / (ours + threads))
+        return max(0.1, min(ours, self.cores - theirs))
 
 
 @dataclass(frozen=True)
@@ -108,8 +126,8 @@ def storage_rate(stages: Stages, settings: Settings) -> float:
 
 
 def cpu_rate(stages: Stages, settings: Settings) -> float:
-    """Images/s the cores give at ``settings``: the workers' computing share of the free cores."""
-    return min(settings.workers * stages.duty, stages.free_cores) * stages.cpu_per_core
+    """Images/s the cores give at ``settings``: the cores the workers get (:meth:`Stages.cores_for`)."""
+    return stages.cores_for(settings.workers) * stages.cpu_per_core
 
 
 def gil_rate(stages: Stages, settings: Settings) -> float:
@@ -152,6 +170,16 @@ def _cheapest(stages: Stages, bounds: Bounds, start: Settings, options: list[Set
     rate = {settings: getattr(predict(stages, settings), measure) for settings in allowed}
     best = min(max(rate.values()), stages.consumer)
     return next(settings for settings in allowed if rate[settings] >= (1 - CLOSE_ENOUGH) * best)
+
+
+def other_demand(cores: float, workers: int, own_cores: float, other_cores: float) -> float:
+    """The cores' worth other processes would run (:attr:`Stages.other_demand`), from a measurement
+    of ``workers`` threads of ours that used ``own_cores`` while the others took ``other_cores`` of
+    ``cores``: what they took where the cores had room; where they were all busy, the kernel gave
+    each thread ready to run its equal share, so the others' threads were to ours as their cores to ours."""
+    if own_cores + other_cores < BUSY * cores or own_cores <= 0:
+        return other_cores
+    return other_cores * workers / own_cores
 
 
 def worker_options(bounds: Bounds, start: Settings) -> list[Settings]:

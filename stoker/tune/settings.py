@@ -97,6 +97,11 @@ FEW_CORES = 4
 PROCESS_BYTES = 300e6
 # The most the tuner reads ahead, reads at once from an object store, makes ahead and echoes.
 MOST_READAHEAD, MOST_IN_FLIGHT, MOST_PREFETCH, MOST_ECHO = 64, 64, 8, 4
+# Where other processes' threads share the cores, the kernel gives each thread ready to run its
+# share, so more threads get a process more of them: the tuner may run up to this many per core
+# (bench/autotune.py's scenario f: 6 threads on 2 cores, one taken, 1.13x 3 threads). Not past
+# cores + 1 for one of several ranks of a node, whose others would answer in kind.
+MOST_THREADS_PER_CORE = 3
 PARTS = (1 * MIB, 16 * MIB)
 
 
@@ -108,16 +113,19 @@ def loader_start(cores: int, window: int = 16, reads_in_flight: int = 16) -> Set
 
 
 def loader_bounds(cores: int, start: Settings, *, remote: bool = False, processes: bool = True, echo: bool = False,
-                  memory_bytes: float = INF, batch_bytes: float = 0.0, block_bytes: float = 8 * MIB) -> Bounds:
-    """What a Loader's tuner may set from ``start`` on ``cores`` cores: 1 to ``cores`` + 1 threads
-    (fewer when other processes take the cores); worker processes where ``processes`` allows them
-    and there are at least :data:`FEW_CORES` cores; more batches ahead; more blocks read ahead;
+                  memory_bytes: float = INF, batch_bytes: float = 0.0, block_bytes: float = 8 * MIB,
+                  ranks_here: int = 1) -> Bounds:
+    """What a Loader's tuner may set from ``start`` on ``cores`` cores: 1 to
+    :data:`MOST_THREADS_PER_CORE` x ``cores`` threads (cores + 1 for one of ``ranks_here`` > 1
+    ranks of a node; more than cores + 1 gain only where other processes share them); worker
+    processes where ``processes`` allows them and there are at least :data:`FEW_CORES` cores;
+    more batches ahead; more blocks read ahead;
     for data at a URL (``remote``) reads in flight and their part size; echo up to
     :data:`MOST_ECHO` where ``echo`` allows it; all within ``memory_bytes`` (batches of
     ``batch_bytes``, blocks of ``block_bytes`` held in memory when ``remote``)."""
     fixed_remote = not remote
     return Bounds(
-        threads=(1, max(start.threads, cores + 1)),
+        threads=(1, max(start.threads, cores + 1 if ranks_here > 1 else MOST_THREADS_PER_CORE * cores)),
         processes=(0, cores if processes and cores >= FEW_CORES else 0),
         prefetch=(start.prefetch, max(start.prefetch, MOST_PREFETCH)),
         readahead=(start.readahead, max(start.readahead, MOST_READAHEAD)),

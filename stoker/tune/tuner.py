@@ -7,8 +7,9 @@
     nothing predicted to gain MARGIN: settled, until the conditions change (other processes take
     or give back cores, the loop's pace or the rate moves DRIFT for two windows); then it looks
     again, first backing off to one worker more than the cores the others leave: kept where it
-    serves no less than MARGIN below what it replaced (the cores others took are theirs), else
-    undone (the scheduler shares a core by threads: fewer of ours would get less of it)
+    serves no less than MARGIN below what it replaced (the cores others took are theirs: a
+    cgroup's share), else undone (the kernel shares the cores by threads: fewer of ours got less
+    of them, and more may get more, up to MOST_THREADS_PER_CORE, tried like any other change)
 
 Every change is kept only if measured better than what it replaced (a back-off: no worse), no
 setting is tried twice under the same conditions, and each kept one serves MARGIN more than the
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from stoker.tune.estimate import Known, Limit, Window, estimate
-from stoker.tune.model import CLOSE_ENOUGH, Stages, predict, storage_options, worker_options
+from stoker.tune.model import CLOSE_ENOUGH, Stages, other_demand, predict, storage_options, worker_options
 from stoker.tune.settings import Bounds, Settings
 
 # A change is kept only when it serves this much more than what it replaced (hysteresis).
@@ -33,7 +34,7 @@ PROCESS_MARGIN = 0.15
 # Other processes count as taking the cores past this many cores' worth (doctor/contention.py's
 # threshold); a change of this much between two windows makes them incomparable.
 SHARED_CORES = 0.25
-CORES_MOVED = 0.5
+CORES_MOVED = 0.4
 # A settled Loader looks again when the rate moves this much from its baseline, two windows running.
 DRIFT = 0.25
 
@@ -83,6 +84,7 @@ class Tuner:
             return self._back_off(window) or self._next(window)
         if self._changed(base, window):
             self.baseline, self.closed, self.settled = window, set(), False
+            self.known = replace(self.known, shared_by_thread=True)
             return self._back_off(window) or self._next(window)
         return []
 
@@ -90,7 +92,7 @@ class Tuner:
         """Keep the setting on trial when ``window`` served MARGIN more than the baseline; else undo it."""
         base, trial = self.baseline, self.settings
         assert base is not None
-        if abs(window.other_cores - base.other_cores) > CORES_MOVED:
+        if self._others_moved(base, self.kept, window, trial):
             self.settings, self.baseline, self.backing_off = self.kept, None, False  # measured again as kept
             return [Decision("undo", self.kept, trial, f"other processes took {base.other_cores:.1f} cores, then "
                                                        f"{window.other_cores:.1f}: not comparable; {window.describe()}")]
@@ -99,6 +101,8 @@ class Tuner:
         self.backing_off = False
         if window.rate >= (1 + (-MARGIN if polite else MARGIN)) * base.rate:
             self.kept, self.baseline = trial, window
+            if polite:  # fewer threads as fast: the others hold their cores whatever we run
+                self.known = replace(self.known, shared_by_thread=False)
             kept = Decision("keep", trial, before, f"{window.rate:,.0f} img/s served against {base.rate:,.0f}: "
                                                   f"{window.describe()}")
             return [kept, *self._next(window)]
@@ -164,7 +168,7 @@ class Tuner:
     def _changed(self, base: Window, window: Window) -> bool:
         """Whether the conditions moved since the baseline: other processes' cores, or the rate
         DRIFT for two windows running (the loop's pace, the data's)."""
-        if abs(window.other_cores - base.other_cores) > CORES_MOVED:
+        if self._others_moved(base, self.kept, window, self.kept):
             self._drifted = 0
             return True
         self._drifted = self._drifted + 1 if abs(window.rate - base.rate) > DRIFT * base.rate else 0
@@ -172,6 +176,16 @@ class Tuner:
             self._drifted = 0
             return True
         return False
+
+    def _others_moved(self, base: Window, base_settings: Settings, window: Window, settings: Settings) -> bool:
+        """Whether other processes took CORES_MOVED more or fewer cores in ``window`` (at
+        ``settings``) than in ``base``, both by what they took and by what they would run (a
+        trial of more threads takes cores from others whose demand is the same: still comparable)."""
+        def demand(w: Window, s: Settings) -> float:
+            return other_demand(self.known.cores, s.workers, w.process_cpu_s / w.seconds, w.other_cores)
+
+        return min(abs(window.other_cores - base.other_cores),
+                   abs(demand(window, settings) - demand(base, base_settings))) > CORES_MOVED
 
     def _back_off(self, window: Window) -> list[Decision]:
         """Where other processes take cores, try no more workers than one more than the cores they
