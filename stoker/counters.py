@@ -22,8 +22,10 @@ def busy_cpu_seconds(cpus: list[int]) -> float | None:
     wanted = {f"cpu{k}" for k in cpus}
     ticks = 0
     for line in lines:
+        if not line.startswith("cpu"):  # the intr line alone holds a number per interrupt source
+            continue
         fields = line.split()
-        if fields and fields[0] in wanted:
+        if fields[0] in wanted:
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
             ticks += user + nice + system + irq + softirq + steal
     return ticks / TICKS

@@ -238,3 +238,16 @@ def test_worker_processes_get_no_batch_more_ahead():
     tuner = tuner_for(8, Settings(threads=2, processes=4), threads=(2, 2), processes=(4, 4))
     window = Window(1.0, 1000, 1000, 0.3, busy_s=1.6, cpu_s=1.0, process_cpu_s=1.0)  # 8 threads busy 20%
     assert [d.action for d in tuner.observe(window)] == ["settle"] and tuner.settings.prefetch == 2
+
+
+def test_a_window_that_read_from_an_object_store_does_not_count_on_sharing_by_thread():
+    """The same busy cores, once with an object store's requests in the window: the store's own
+    processes may be the others, and the rate moves with the reads, so no more threads are
+    predicted from it; without requests, the others' threads are estimated as the kernel shares."""
+    busy = Window(1.0, 1500, 1500, 0.99, busy_s=3.0, cpu_s=1.5, process_cpu_s=1.5, other_cores=0.5)
+    local, _ = estimate(busy, Settings(threads=3), Known(2))
+    remote, _ = estimate(replace(busy, read_bytes=150e6, read_s=8.0, requests=80), Settings(threads=3),
+                         Known(2, remote=True))
+    assert local.other_demand == pytest.approx(1.0) and remote.other_demand is None
+    assert predict(local, Settings(threads=6)).rate > 1.05 * predict(local, Settings(threads=3)).rate
+    assert predict(remote, Settings(threads=6)).rate == predict(remote, Settings(threads=3)).rate

@@ -66,20 +66,23 @@ class Meter:
         elapsed = time.perf_counter() - self._started
         if self._skip or self._batches < batches or elapsed < seconds:
             return None
-        own = time.process_time() - self._process_cpu + self._worker_cpu
-        busy = busy_cpu_seconds(self._cpus)
+        process_cpu, busy, disk, remote = time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
+        own = process_cpu - self._process_cpu + self._worker_cpu
         other = 0.0 if busy is None or self._cores_busy is None else max(0.0, busy - self._cores_busy - own) / elapsed
-        requests, nbytes, read_s = (now - then for now, then in zip(self._remote(), self._remote_start))
+        requests, nbytes, read_s = (now - then for now, then in zip(remote, self._remote_start))
         window = Window(elapsed, self._images, self._served, self._waited, self._busy, self._cpu, own, other,
-                        disk_bytes=float(own_read_bytes() - self._disk), read_bytes=float(nbytes), read_s=read_s,
+                        disk_bytes=float(disk - self._disk), read_bytes=float(nbytes), read_s=read_s,
                         requests=int(requests))
-        self._start()
+        self._start((process_cpu, busy, disk, remote))
         return window
 
-    def _start(self) -> None:
-        self._started, self._process_cpu = time.perf_counter(), time.process_time()
-        self._cores_busy, self._disk = busy_cpu_seconds(self._cpus), own_read_bytes()
-        self._remote_start = self._remote()
+    def _start(self, counters: tuple[float, float | None, int, tuple[float, float, float]] | None = None) -> None:
+        """Begin a window: from ``counters`` (the process's CPU, its cores' busy time, its disk
+        reads, the stores' counts) just read at the end of the last one, else read now."""
+        self._started = time.perf_counter()
+        if counters is None:
+            counters = time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
+        self._process_cpu, self._cores_busy, self._disk, self._remote_start = counters
         self._batches = self._served = self._images = 0
         self._waited = self._busy = self._cpu = self._worker_cpu = 0.0
 

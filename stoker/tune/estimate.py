@@ -111,7 +111,12 @@ def estimate(window: Window, settings: Settings, known: Known) -> tuple[Stages, 
     consumer = window.served / max(seconds - window.waited_s, 1e-9)
     per_core = window.images / window.cpu_s if window.cpu_s > 0 else INF
     own, other = window.process_cpu_s / seconds, min(window.other_cores, float(known.cores))
-    demand = other_demand(known.cores, settings.workers, own, other) if known.shared_by_thread else None
+    # Where the window waited on an object store's requests, the rate moves with the reads and the
+    # store's own processes (a proxy, a local server) may be among the others: what others took is
+    # left to them (a trial of more threads measured there compared phases of the reads, not the
+    # threads: bench/autotune.py's scenarios c and d).
+    shared = known.shared_by_thread and not window.requests
+    demand = other_demand(known.cores, settings.workers, own, other) if shared else None
     stages = Stages(known.cores, per_core, other, demand,
                     consumer=consumer, remote=known.remote, image_bytes=known.image_bytes,
                     block_bytes=known.block_bytes)
