@@ -59,13 +59,16 @@ def test_batches_stay_the_same_while_the_tuner_changes_how_they_are_made(packed,
         window(2000, 0.5, 5.0, 2.0, other=2.0),  # the cores others leave are used: back off ...
         window(2000, 0.5, 3.0, 2.0, other=2.0),  # ... as fast: kept, settled
         window(900, 0.5, 1.0, 0.9, other=2.0),  # the rate moved ...
-        window(900, 0.5, 1.0, 0.9, other=2.0),  # ... 3 threads busy a third of the time: prefetch 3
+        window(900, 0.5, 1.0, 0.9, other=2.0),  # ... two windows running: looked at again from the next
+        window(900, 0.5, 1.0, 0.9, other=2.0),  # 3 threads busy a third of the time: prefetch 3
         window(1000, 0.5, 3.0, 1.0, other=2.0),  # better: kept; the GIL: 2 worker processes of 1 thread
         window(800, 0.6, 2.0, 0.8, other=2.0),  # worse: undone, back to threads
-        window(2400, 0.5, 3.0, 2.7),  # the others left: the cores limit, 4 threads
+        window(2400, 0.5, 3.0, 2.7),  # the others left ...
+        window(2400, 0.5, 3.0, 2.7),  # ... the cores limit, 4 threads
         window(3200, 0.4, 4.0, 3.2),  # better: kept, settled
-        window(2000, 0.5, 4.0, 2.0, disk=2000 * sample_bytes),  # the rate moved: looked at again ...
-        window(2000, 0.5, 4.0, 2.0, disk=2000 * sample_bytes),  # ... the disk limits: more blocks ahead
+        window(2000, 0.5, 4.0, 2.0, disk=2000 * sample_bytes),  # the rate moved ...
+        window(2000, 0.5, 4.0, 2.0, disk=2000 * sample_bytes),  # ... two windows running
+        window(2000, 0.5, 4.0, 2.0, disk=2000 * sample_bytes),  # the disk limits: more blocks ahead
         window(2600, 0.4, 4.0, 2.6, disk=2600 * sample_bytes),  # better: kept
     ])
     in_processes = []

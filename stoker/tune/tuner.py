@@ -5,11 +5,12 @@
         ─> try it (a Decision) ─> the batches queued before it pass ─> a window at it:
            MARGIN more served: kept, the new baseline; else undone and not tried again
     nothing predicted to gain MARGIN: settled, until the conditions change (other processes take
-    or give back cores, the loop's pace or the rate moves DRIFT for two windows); then it looks
-    again, first backing off to one worker more than the cores the others leave: kept where it
-    serves no less than MARGIN below what it replaced (the cores others took are theirs: a
-    cgroup's share), else undone (the kernel shares the cores by threads: fewer of ours got less
-    of them, and more may get more, up to MOST_THREADS_PER_CORE, tried like any other change)
+    or give back cores, the loop's pace or the rate moves DRIFT for two windows); then, from the
+    next window (all of it under the new conditions), it looks again, first backing off to one
+    worker more than the cores the others leave: kept where it serves no less than MARGIN below
+    what it replaced (the cores others took are theirs: a cgroup's share), else undone (the
+    kernel shares the cores by threads: fewer of ours got less of them, and more may get more, up
+    to MOST_THREADS_PER_CORE, tried like any other change)
 
 Every change is kept only if measured better than what it replaced (a back-off: no worse), no
 setting is tried twice under the same conditions, and each kept one serves MARGIN more than the
@@ -83,9 +84,10 @@ class Tuner:
             self.baseline = window
             return self._back_off(window) or self._next(window)
         if self._changed(base, window):
-            self.baseline, self.closed, self.settled = window, set(), False
+            # The window that shows the change began before it: the next one, all of it under the
+            # new conditions, is the baseline the trials are judged against.
+            self.baseline, self.closed, self.settled = None, set(), False
             self.known = replace(self.known, shared_by_thread=True)
-            return self._back_off(window) or self._next(window)
         return []
 
     def _judge(self, window: Window) -> list[Decision]:
