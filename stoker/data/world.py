@@ -56,6 +56,11 @@ def resolve_seed(seed: int | None, rank: int, world_size: int, reader: str) -> t
                       "seed= (the same on every rank), or make it after torch.distributed.init_process_group()")
 
 
+def local_world_size() -> int:
+    """torchrun's LOCAL_WORLD_SIZE: the ranks of this node; 0 where it is not set."""
+    return environ_int("LOCAL_WORLD_SIZE", 0)
+
+
 def resolve_nodes(nodes: int | None, rank: int, world_size: int) -> tuple[int, str]:
     """The nodes the ``world_size`` ranks run on, ranks numbered node by node (torchrun's numbering:
     rank r on node r // (world_size // nodes)), and where that came from (for explain()): as given;
@@ -68,7 +73,7 @@ def resolve_nodes(nodes: int | None, rank: int, world_size: int) -> tuple[int, s
             raise OptionError(f"nodes={nodes}: must divide world_size={world_size}: the ranks are numbered node by "
                               "node, the same number on each (torchrun's numbering)")
         return nodes, "given (nodes=)"
-    local = environ_int("LOCAL_WORLD_SIZE", 0)
+    local = local_world_size()
     if local < 1 or environ_int("WORLD_SIZE", 0) != world_size:
         return 1, "one node (no torchrun LOCAL_WORLD_SIZE for this world: pass nodes= where its ranks run on several)"
     named = next((name for name in ("GROUP_RANK", "NODE_RANK") if name in os.environ), None)

@@ -34,7 +34,7 @@ class Meter:
         self.remotes = remotes
         self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         self._skip = 0
-        self._start()
+        self._start(self._counters())
 
     def made(self, busy_s: float, cpu_s: float, process_cpu_s: float = 0.0) -> None:
         """A batch was made: the workers' threads spent ``busy_s`` and ``cpu_s`` on it, and worker
@@ -48,7 +48,7 @@ class Meter:
         if self._skip:
             self._skip -= 1
             if not self._skip:
-                self._start()
+                self._start(self._counters())
             return
         self._batches += 1
         self._served += images
@@ -59,29 +59,31 @@ class Meter:
         """Leave the next ``batches`` served out: they were made before a change of settings."""
         self._skip = batches
         if not batches:
-            self._start()
+            self._start(self._counters())
 
     def window(self, batches: int = WINDOW_BATCHES, seconds: float = WINDOW_SECONDS) -> Window | None:
         """The window since the last one once it holds ``batches`` and ``seconds`` (else None); the next begins."""
         elapsed = time.perf_counter() - self._started
         if self._skip or self._batches < batches or elapsed < seconds:
             return None
-        process_cpu, busy, disk, remote = time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
+        counters = self._counters()
+        process_cpu, busy, disk, remote = counters
         own = process_cpu - self._process_cpu + self._worker_cpu
         other = 0.0 if busy is None or self._cores_busy is None else max(0.0, busy - self._cores_busy - own) / elapsed
         requests, nbytes, read_s = (now - then for now, then in zip(remote, self._remote_start))
         window = Window(elapsed, self._images, self._served, self._waited, self._busy, self._cpu, own, other,
                         disk_bytes=float(disk - self._disk), read_bytes=float(nbytes), read_s=read_s,
                         requests=int(requests))
-        self._start((process_cpu, busy, disk, remote))
+        self._start(counters)  # the next window begins where this one ended: the counters read once
         return window
 
-    def _start(self, counters: tuple[float, float | None, int, tuple[float, float, float]] | None = None) -> None:
-        """Begin a window: from ``counters`` (the process's CPU, its cores' busy time, its disk
-        reads, the stores' counts) just read at the end of the last one, else read now."""
+    def _counters(self) -> tuple[float, float | None, int, tuple[float, float, float]]:
+        """The process's CPU time, its cores' busy time, its disk reads and the stores' counts, now."""
+        return time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
+
+    def _start(self, counters: tuple[float, float | None, int, tuple[float, float, float]]) -> None:
+        """Begin a window at ``counters`` (:meth:`_counters`)."""
         self._started = time.perf_counter()
-        if counters is None:
-            counters = time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
         self._process_cpu, self._cores_busy, self._disk, self._remote_start = counters
         self._batches = self._served = self._images = 0
         self._waited = self._busy = self._cpu = self._worker_cpu = 0.0

@@ -29,12 +29,12 @@ from stoker.augment.device import default_device
 from stoker.augment.native import supports
 from stoker.augment.pipeline import Augment
 from stoker.counters import available_memory
+from stoker.data.world import local_world_size
 from stoker.errors import OptionError
 from stoker.loader import native_chunk
 from stoker.loader.crops import CropSpec
 from stoker.loader.torchvision_plan import Step, TransformPlan, plan
 from stoker.loader.workers import WorkerChoice, available_cores, choose_workers
-from stoker.storage.node import environ_int
 from stoker.storage.remote import DOWNLOAD_PART
 from stoker.tune.settings import INF, Bounds, Settings, loader_bounds, loader_start
 from stoker.tune.tuner import Decision
@@ -106,7 +106,7 @@ def machine(decode: str) -> Machine:
     photometric = supports(Augment(device="cpu", backend="opencv", threads=1))
     return Machine(available_cores(), native_chunk.decode_chunk is not None, photometric,
                    default_device() if decode == "gpu" else None, available_memory(),
-                   max(1, environ_int("LOCAL_WORLD_SIZE", 1)))
+                   max(1, local_world_size()))
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ PROCESS_BYTES = 300e6
 MOST_READAHEAD, MOST_IN_FLIGHT, MOST_PREFETCH, MOST_ECHO = 64, 64, 8, 4
 # Where other processes' threads share the cores, the kernel gives each thread ready to run its
 # share, so more threads get a process more of them: the tuner may run up to this many per core
-# (bench/autotune.py's scenario f: 6 threads on 2 cores, one taken, 1.13x 3 threads). Not past
+# (bench/autotune.py's scenario f: 6 threads on 2 cores, one taken, 1.11x 3 threads). Not past
 # cores + 1 for one of several ranks of a node, whose others would answer in kind.
 MOST_THREADS_PER_CORE = 3
 PARTS = (1 * MIB, 16 * MIB)
