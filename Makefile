@@ -22,7 +22,7 @@ BUILD_TOOLS := 'build>=1.2' 'setuptools>=68' 'wheel>=0.42' 'auditwheel>=6' 'patc
 JPEG_LICENSE ?= $(firstword $(wildcard /usr/share/doc/libjpeg*turbo*/copyright /usr/share/licenses/libjpeg-turbo*/LICENSE.md))
 
 # The C extensions' sources (setup.py): a change rebuilds the venvs' in-place builds.
-C_SOURCES := $(wildcard stoker/*.h stoker/loader/*.c stoker/loader/*.h stoker/augment/*.c stoker/augment/*.h \
+C_SOURCES := $(wildcard stoker/*.h stoker/decode/*.c stoker/decode/*.h stoker/augment/*.c stoker/augment/*.h \
 	stoker/pack/*.c) third_party/xxhash/xxhash.h
 
 .PHONY: demo test lint clean wheel sanitize

@@ -20,7 +20,7 @@ a process of its own, lets it warm up, then, while counting the images it makes:
 
 Rows, in one run, A-B-A (medians of ``--repeat``):
     native     stoker.Loader as built (one native call per chunk of samples: decode_chunk)
-    per-image  the same Loader without decode_chunk (decode_crop.py per image: the path before it)
+    per-image  the same Loader without decode_chunk (per_image.py per image: the path before it)
     cached     with ``--cache``: the native Loader over the same shards through a node cache in
                /dev/shm holding every shard (``ShardDataset(cache_dir=...)``, staged before the
                Loader starts), as a multi-node set-up reads them
@@ -94,7 +94,8 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
 
     import stoker
     from stoker.augment import native
-    from stoker.loader import decode_crop, native_chunk, thread_augment
+    from stoker.decode import per_image
+    from stoker.loader import native_chunk, thread_augment
 
     if path == "per-image":  # the Loader as it runs where the extensions' chunk calls are missing
         native_chunk.decode_chunk = None
@@ -103,10 +104,10 @@ def run_loader(shards: str, pipeline: str, threads: int, path: str, batch: int, 
         native_chunk.decode_chunk = _cpu_counted(native_chunk.decode_chunk)
         thread_augment.augment_chunk = _cpu_counted(thread_augment.augment_chunk)
     for name in ("decode_region", "resize_crop"):  # what the per-image path runs without the GIL
-        if getattr(decode_crop, name) is not None:
-            setattr(decode_crop, name, _cpu_counted(getattr(decode_crop, name)))
-    decode_crop.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
-                                                   decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg))
+        if getattr(per_image, name) is not None:
+            setattr(per_image, name, _cpu_counted(getattr(per_image, name)))
+    per_image.simplejpeg = types.SimpleNamespace(decode_jpeg_header=simplejpeg.decode_jpeg_header,
+                                                 decode_jpeg=_cpu_counted(simplejpeg.decode_jpeg))
     dataset = stoker.ShardDataset(shards, cache_dir=cache_dir)
     if dataset.shards.cache is not None:
         if not dataset.shards.cache.holds_everything:

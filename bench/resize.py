@@ -28,8 +28,8 @@ import simplejpeg
 from PIL import Image
 
 import stoker
-from stoker.loader import decode_crop
-from stoker.loader.crops import crop_box, draw_batch, exact_box
+from stoker.decode import per_image
+from stoker.decode.crops import crop_box, draw_batch, exact_box
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import header, med, median_runs, prepared_photos  # noqa: E402
@@ -79,14 +79,14 @@ def main() -> None:
     exact = stoker.CropSpec("center", (224, 224), center_fraction=224 / 256, exact=True)
     whole = [simplejpeg.decode_jpeg(d, colorspace="RGB") for d in data]  # Pillow's IDCT and upsampling
     out = np.empty((224, 224, 3), np.uint8)
-    extension = decode_crop.resize_crop
+    extension = per_image.resize_crop
 
     def without_extension(i: int) -> None:
-        decode_crop.resize_crop = None
+        per_image.resize_crop = None
         try:
-            decode_crop._resample_exact(whole[i], exact, False, out)
+            per_image._resample_exact(whole[i], exact, False, out)
         finally:
-            decode_crop.resize_crop = extension
+            per_image.resize_crop = extension
 
     crop = stoker.CropSpec(size=(args.size, args.size))
     draws = draw_batch(0, 0, 0, args.count, crop)
@@ -94,7 +94,7 @@ def main() -> None:
     for i, d in enumerate(data):
         height, width, _, _ = simplejpeg.decode_jpeg_header(d)
         box = crop_box(crop, height, width, draws.tries[i])
-        scale = decode_crop._dct_scale(crop, box)
+        scale = per_image._dct_scale(crop, box)
         boxes.append((box, scale, (height, width)))
         scaled.append(simplejpeg.decode_jpeg(d, colorspace="RGB", fastdct=True, fastupsample=True,
                                              min_height=math.ceil(height / scale), min_width=math.ceil(width / scale)))
@@ -102,10 +102,10 @@ def main() -> None:
 
     def halving(i: int) -> None:
         box, _, size = boxes[i]
-        decode_crop._crop_resize(scaled[i], (0, 0), scaled[i].shape[:2], size, box, False, small)
+        per_image._crop_resize(scaled[i], (0, 0), scaled[i].shape[:2], size, box, False, small)
 
     runs = {
-        "exact, _resample extension": per_photo(lambda i: decode_crop._resample_exact(whole[i], exact, False, out),
+        "exact, _resample extension": per_photo(lambda i: per_image._resample_exact(whole[i], exact, False, out),
                                                 args.count),
         "exact, Pillow resize + crop (no extension)": per_photo(without_extension, args.count),
         "exact before: Pillow resize of the box": per_photo(lambda i: pillow_box(whole[i], exact, out), args.count),

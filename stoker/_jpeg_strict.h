@@ -1,4 +1,4 @@
-/* libjpeg error handling shared by stoker's C extensions (stoker/loader/_jpeg_region.c,
+/* libjpeg error handling shared by stoker's C extensions (stoker/decode/_jpeg_region.c,
  * stoker/pack/_jpeg_restart.c): errors and warnings jump back to the caller's setjmp.
  * Include after jpeglib.h. */
 #ifndef STOKER_JPEG_STRICT_H

@@ -1,6 +1,6 @@
 """RandomResizedCrop's box rule, a pure function of an image's size and one sample's uniforms.
 
-stoker.Loader's fused crop (stoker/loader/crops.py) and stoker.augment's RandomResizedCrop both
+stoker.Loader's fused crop (stoker/decode/crops.py) and stoker.augment's RandomResizedCrop both
 cut their boxes with it, so the same numbers give the same box on either side. It imports nothing
 of stoker, so the loader and augment may both use it without either importing the other.
 """

@@ -28,8 +28,8 @@ from types import ModuleType
 
 from stoker.version import __version__
 
-REGION_DECODE = "stoker.loader._jpeg_region"
-EXACT_RESIZE = "stoker.loader._resample"
+REGION_DECODE = "stoker.decode._jpeg_region"
+EXACT_RESIZE = "stoker.decode._resample"
 PHOTOMETRIC = "stoker.augment._photometric"
 FIX = ("install stoker's wheel, which carries libjpeg-turbo (`make wheel`, then pip install dist/stoker-*.whl), "
        "or install libjpeg-turbo's headers (libjpeg-turbo8-dev, libjpeg62-turbo-dev or libjpeg-turbo-devel) and "

@@ -31,7 +31,7 @@ or the error's type and message) is computed on one thread first; then THREADS t
 picked at random for SECONDS, and every outcome must equal that reference, and every error must be a
 ValueError (the extensions' documented errors; decode_chunk reports a sample it cannot make as a
 status, which is part of its outcome). Output buffers are the Loader's per-thread maps
-(stoker.loader.buffers.thread_buffer), grown as larger images come, and filled with a new byte
+(stoker.decode.scratch.thread_buffer), grown as larger images come, and filled with a new byte
 before each call: output that depended on memory the call did not write would differ from the
 reference. Exits 1 on any difference.
 
@@ -63,11 +63,11 @@ from PIL import Image
 from stoker.augment import Augment, _photometric
 from stoker.augment.color import ColorJitter, Grayscale, Normalize
 from stoker.augment.native import encode
+from stoker.decode import _jpeg_region, _resample
+from stoker.decode.crops import CROP_TRIES, RESAMPLE_FILTERS
+from stoker.decode.per_image import _STRIP_SLACK
+from stoker.decode.scratch import thread_buffer
 from stoker.format.checksum import member_checksum
-from stoker.loader import _jpeg_region, _resample
-from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import CROP_TRIES, RESAMPLE_FILTERS
-from stoker.loader.decode_crop import _STRIP_SLACK
 from stoker.pack import _jpeg_restart, restarts
 from stoker.sample_data import make_sample_photos
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import stoker.augment as A
-from stoker.loader.crops import CROP_TRIES, CropSpec, crop_box
+from stoker.decode.crops import CROP_TRIES, CropSpec, crop_box
 
 
 def test_augment_cuts_the_loaders_boxes_from_the_same_numbers():

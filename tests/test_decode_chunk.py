@@ -1,5 +1,5 @@
 """The Loader's native path (decode_chunk: one C call per chunk of a batch, without the GIL) against
-its per-image path (decode_crop.py, which the Loader takes where the extension is not built): the
+its per-image path (per_image.py, which the Loader takes where the extension is not built): the
 same pixels, labels, errors and skips, on real packs of real JPEGs, odd images and damaged shards."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import torch
 from PIL import Image
 
 import stoker
+from stoker.decode.crops import CropSpec
 from stoker.errors import CorruptDataError
 from stoker.format.index import HEADER_DTYPE, SAMPLE_DTYPE, IndexBuilder, ShardIndex
 from stoker.loader import native_chunk
-from stoker.loader.crops import CropSpec
 from tests.conftest import encode
 from tests.stress_extensions import claiming, synthetic_jpeg
 
-_jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
+_jpeg_region = pytest.importorskip("stoker.decode._jpeg_region", reason="C extension not built (no libjpeg headers?)")
 
 SPECS = [
     CropSpec("random_resized", (224, 224)),
@@ -64,7 +64,7 @@ def _batches(path: Path, spec: CropSpec, threads: int, **options) -> list[tuple[
 
 
 def _per_image(monkeypatch: pytest.MonkeyPatch, *args, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches the Loader makes without the extension's decode_chunk (decode_crop.py, image by image)."""
+    """The batches the Loader makes without the extension's decode_chunk (per_image.py, image by image)."""
     with monkeypatch.context() as m:
         m.setattr(native_chunk, "decode_chunk", None)
         return _batches(*args, **options)
@@ -192,7 +192,7 @@ def test_a_damaged_sample_is_skipped_as_the_per_image_path_skips_it(damaged, mon
 @pytest.mark.parametrize("spec", ERROR_SPECS, ids=_spec_id)
 def test_a_damaged_jpeg_read_unverified_goes_the_per_image_way(damaged, monkeypatch, spec):
     """With verify=False the flipped byte reaches the decoder: the native path leaves the sample to
-    decode_crop.py, which skips it (or makes what Pillow makes of it) as before."""
+    per_image.py, which skips it (or makes what Pillow makes of it) as before."""
     path, _ = damaged
     native = _batches(path, spec, threads=2, verify=False, on_error="skip")
     _assert_same(native, _per_image(monkeypatch, path, spec, threads=2, verify=False, on_error="skip"))

@@ -15,9 +15,9 @@ import pytest
 
 import stoker
 from stoker.augment import Augment, native
+from stoker.decode import per_image
 from stoker.doctor.report import SCHEMA_PATH
 from stoker.env import REGION_DECODE, FallbackWarning, fallback_notes
-from stoker.loader import decode_crop
 
 PARTS = ("region decode", "exact resize", "photometric", "simplejpeg", "OpenCV", "PyAV", "GPU decode", "Ray", "s3fs")
 
@@ -75,7 +75,7 @@ def test_a_missing_extension_is_said_once_by_the_loader_and_in_the_doctor_report
     assert region.split()[2] == "no" and "refused by the test" in region
 
 
-@pytest.mark.skipif(decode_crop.decode_region is None, reason="C extension not built (no libjpeg headers?)")
+@pytest.mark.skipif(per_image.decode_region is None, reason="C extension not built (no libjpeg headers?)")
 def test_no_warning_where_the_extension_is_built(packed):
     assert fallback_notes() == []
     with warnings.catch_warnings(record=True) as caught:
@@ -97,13 +97,13 @@ def test_stoker_env_lists_each_part_quickly():
     assert head.startswith(f"stoker {stoker.__version__}, Python ")
     found = {name: line[len(name) + 2:].split()[0] for line in lines for name in PARTS if line.startswith(f"  {name} ")}
     assert sorted(found) == sorted(PARTS) and set(found.values()) <= {"yes", "no"}
-    if decode_crop.decode_region is not None:
-        from stoker.loader import _jpeg_region
+    if per_image.decode_region is not None:
+        from stoker.decode import _jpeg_region
 
         assert found["region decode"] == "yes" and f"libjpeg-turbo {_jpeg_region.LIBJPEG_TURBO_VERSION}" in run.stdout
     else:
         assert found["region decode"] == "no" and "Fix: " in run.stdout
-    assert found["exact resize"] == ("yes" if decode_crop.resize_crop is not None else "no")
+    assert found["exact resize"] == ("yes" if per_image.resize_crop is not None else "no")
     assert found["photometric"] == ("yes" if native.supports(Augment()) else "no")
     assert found["simplejpeg"] == found["OpenCV"] == "yes"  # dependencies
     version = subprocess.run([sys.executable, "-m", "stoker.cli", "--version"], capture_output=True, text=True, timeout=60)
@@ -115,6 +115,6 @@ def test_stoker_env_lists_each_part_quickly():
 def test_every_c_extension_is_built_where_required():
     """The extensions' own tests skip where one is not built (a user's install without a compiler or
     libjpeg's headers); where the build must have made them, a missing one fails here instead."""
-    for name in ("stoker.loader._jpeg_region", "stoker.loader._resample", "stoker.augment._photometric",
+    for name in ("stoker.decode._jpeg_region", "stoker.decode._resample", "stoker.augment._photometric",
                  "stoker.pack._jpeg_restart"):
         importlib.import_module(name)

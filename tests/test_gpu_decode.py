@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 import stoker
+from stoker.decode.crops import BatchDraws, draw_batch
 from stoker.loader import CropSpec
-from stoker.loader.crops import BatchDraws, draw_batch
 from stoker.loader.gpu_decode import crop_into_batch, gpu_decodable
 
 HAS_GPU_DECODE = torch.cuda.is_available() and importlib.util.find_spec("torchvision") is not None

@@ -107,7 +107,7 @@ def test_importing_stoker_sets_no_opencv_threads_and_registers_no_fork_hooks(tmp
     script = tmp_path / "import_all.py"
     script.write_text(IMPORT_ALL)
     found = run(script, str(tmp_path / "a.lock"))
-    assert "stoker.loader.decode_crop" in found["imported"] and "stoker.storage.locks" in found["imported"]
+    assert "stoker.decode.per_image" in found["imported"] and "stoker.storage.locks" in found["imported"]
     assert found["threads"] == 3
     assert found["hooks_at_import"] == []
     # the first lock registers them, and a forked child then closes the private lock's descriptor

@@ -1,4 +1,4 @@
-"""stoker.loader._jpeg_region: region-of-interest JPEG decode, checked against simplejpeg.
+"""stoker.decode._jpeg_region: region-of-interest JPEG decode, checked against simplejpeg.
 
 With the fast IDCT and fancy upsampling off (simplejpeg's fastdct/fastupsample), every output pixel
 depends only on the blocks it lies in: the IDCT is per block and chroma is replicated, not
@@ -22,7 +22,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-_jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
+_jpeg_region = pytest.importorskip("stoker.decode._jpeg_region", reason="C extension not built (no libjpeg headers?)")
 decode_region = _jpeg_region.decode_region
 
 SCALES = (1, 2, 4, 8)
@@ -193,7 +193,7 @@ _NARROW_REGIONS = """
 import io, sys
 import numpy as np
 from PIL import Image
-from stoker.loader._jpeg_region import decode_region
+from stoker.decode._jpeg_region import decode_region
 height, width = 512, 40
 ycc = np.full((height, width, 3), 128, np.uint8)
 ycc[..., 2] = (np.arange(height) // 2)[:, None]

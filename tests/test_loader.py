@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from PIL import Image
 
 import stoker
+from stoker.decode import per_image
+from stoker.decode.crops import crop_box, draw_batch
 from stoker.errors import CorruptDataError
-from stoker.loader import decode_crop
-from stoker.loader.crops import crop_box, draw_batch
 from stoker.state import StateWarning
 from tests.conftest import PHOTOS
 
@@ -124,10 +124,10 @@ def test_pixels_match_a_reference_crop(packed):
 @pytest.mark.parametrize("crop", [stoker.CropSpec(size=(96, 128)), stoker.CropSpec(size=(24, 24)),
                                   stoker.CropSpec("center", size=(64, 64)), stoker.CropSpec("resize", size=(40, 30))])
 def test_region_decode_gives_the_pixels_of_a_whole_image_decode(packed, monkeypatch, crop):
-    pytest.importorskip("stoker.loader._jpeg_region")
+    pytest.importorskip("stoker.decode._jpeg_region")
     dataset = stoker.ShardDataset(packed)
     region = batches(stoker.Loader(dataset, 16, threads=2, crop=crop, seed=3))
-    monkeypatch.setattr(decode_crop, "decode_region", None)  # what an install without the extension runs
+    monkeypatch.setattr(per_image, "decode_region", None)  # what an install without the extension runs
     whole = batches(stoker.Loader(dataset, 16, threads=2, crop=crop, seed=3))
     for (a, _), (b, _) in zip(region, whole):
         assert torch.equal(a, b)
@@ -247,7 +247,7 @@ def test_a_crop_shrinking_2x_or_more_is_filtered_not_sampled(height, width, size
     across = (yy * (size[0] < height) + xx * (size[1] < width)) % 2
     pattern = np.repeat((across * 255).astype(np.uint8)[..., None], 3, axis=2)
     out = np.zeros((*size, 3), np.uint8)
-    decode_crop.crop_into(pattern, stoker.CropSpec("resize", size, flip=False), np.zeros((10, 4)), False, out)
+    per_image.crop_into(pattern, stoker.CropSpec("resize", size, flip=False), np.zeros((10, 4)), False, out)
     assert abs(float(out.mean()) - 127.5) < 3 and float(out.std()) < 45, (out.mean(), out.std())
 
 
@@ -259,7 +259,7 @@ def _resident_bytes() -> int:
 def test_a_thread_buffer_holds_memory_only_for_what_is_written():
     """Each Loader thread keeps a 16 MB read buffer for members of any size: only the pages the
     bytes read into it touch may become resident (a zeroed bytearray made all 16 MB resident)."""
-    from stoker.loader.buffers import thread_buffer
+    from stoker.decode.scratch import thread_buffer
 
     before = _resident_bytes()
     buffer = thread_buffer("residency-test", 64 << 20)
@@ -269,7 +269,7 @@ def test_a_thread_buffer_holds_memory_only_for_what_is_written():
 
 
 def test_exact_boxes_are_torchvisions_resize_and_center_crop():
-    from stoker.loader.crops import exact_box
+    from stoker.decode.crops import exact_box
 
     # Resize(256) of 500x375 -> 341x256 (long side truncated), CenterCrop(224) at (16, 58) of it
     spec = stoker.CropSpec("center", (224, 224), center_fraction=224 / 256, exact=True)

@@ -13,9 +13,9 @@ import torch
 
 import stoker
 from stoker.data.epoch import RankBatches
+from stoker.decode.crops import CropSpec
 from stoker.errors import OptionError
 from stoker.loader.batches import PerImage
-from stoker.loader.crops import CropSpec
 from stoker.loader.engine import engine_for
 from stoker.loader.images import Images
 from stoker.loader.native_chunk import NativeChunk

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import stoker
+from stoker.decode.crops import CropSpec
 from stoker.errors import CorruptDataError
-from stoker.loader.crops import CropSpec
 
 SPEC = CropSpec("random_resized", (48, 48))
 BATCH = 19  # 96 photos: 5 batches of 19, then a last one of 1 (fewer samples than workers)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import stoker
+from stoker.decode.crops import CropSpec
 from stoker.errors import CorruptDataError
-from stoker.loader.crops import CropSpec
 
 SPEC = CropSpec("random_resized", (64, 64))
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import stoker
+from stoker.decode.crops import CropSpec
 from stoker.loader import plan as plan_module
-from stoker.loader.crops import CropSpec
 from stoker.loader.meter import Meter
 from stoker.loader.process_batches import WorkerProcesses
 from stoker.tune.estimate import Window

@@ -18,7 +18,7 @@ from stoker.data.epoch import RankBatches
 from stoker.loader.batches import BatchMaker, PerImage
 from stoker.loader.buffers import BatchRing, mapped_pixels
 from stoker.loader.images import Images
-from stoker.loader.torchvision_plan import PerSample
+from stoker.transforms.torchvision_plan import PerSample
 
 
 def to_small_tensor(image: Image.Image) -> torch.Tensor:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import stoker
+from stoker.decode.crops import CropSpec
 from stoker.loader import plan as plan_module
-from stoker.loader.crops import CropSpec
 from stoker.loader.workers import choose_workers
 
 SPEC = CropSpec("random_resized", (48, 48))

@@ -16,7 +16,7 @@ import stoker
 from stoker.data.deal import stream
 from stoker.data.epoch import rank_batches
 from stoker.data.mix_plan import MixSpec, allocate, exact_weights, interleave
-from stoker.loader.crops import CropSpec
+from stoker.decode.crops import CropSpec
 from stoker.state import StateError, StateWarning
 
 from .conftest import SMALL_SHARD

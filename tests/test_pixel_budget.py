@@ -77,7 +77,8 @@ import numpy as np
 import stoker
 from PIL import Image
 from stoker.errors import CorruptDataError
-from stoker.loader import decode_crop, native_chunk
+from stoker.decode import per_image
+from stoker.loader import native_chunk
 
 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 Image.MAX_IMAGE_PIXELS = 1000
@@ -110,7 +111,7 @@ Image.MAX_IMAGE_PIXELS = 1000
 native_chunk.decode_chunk = None  # the per-image path (samples the native call leaves, or no extension)
 refused["per image"] = loader_refuses(crop, threads=2)
 refused["per image exact"] = loader_refuses(exact, threads=2)
-decode_crop.decode_region = None  # and with simplejpeg where the region decode is not built
+per_image.decode_region = None  # and with simplejpeg where the region decode is not built
 refused["simplejpeg"] = loader_refuses(crop, threads=2)
 try:
     for _ in stoker.Loader(stoker.ShardDataset(path), 4, crop=crop, order="sequential"):
@@ -180,17 +181,17 @@ def test_the_gpu_decoders_cpu_route_refuses_a_bomb():
 
 
 def test_decode_region_refuses_a_header_above_max_pixels():
-    from stoker.loader import decode_crop
+    from stoker.decode import per_image
 
-    if decode_crop.decode_region is None:
+    if per_image.decode_region is None:
         pytest.skip("the region-decode extension is not built")
     data, out = photo(48, 64, 1), bytearray(48 * 64 * 3)
-    assert decode_crop.decode_region(data, 0, 0, 48, 64, 1, out, max_pixels=48 * 64)[:2] == (48, 64)
+    assert per_image.decode_region(data, 0, 0, 48, 64, 1, out, max_pixels=48 * 64)[:2] == (48, 64)
     with pytest.raises(ValueError, match="decompression bomb: 64x48 = 3072 pixels, above the limit of 3071"):
-        decode_crop.decode_region(data, 0, 0, 48, 64, 1, out, max_pixels=48 * 64 - 1)
+        per_image.decode_region(data, 0, 0, 48, 64, 1, out, max_pixels=48 * 64 - 1)
     with pytest.raises(ValueError, match="decompression bomb: 65500x65500"):
-        decode_crop.decode_region(claiming(photo(48, 64, 1, progressive=True), *BOMB), 0, 0, 48, 64, 1, out,
-                                  max_pixels=10**8)
+        per_image.decode_region(claiming(photo(48, 64, 1, progressive=True), *BOMB), 0, 0, 48, 64, 1, out,
+                                max_pixels=10**8)
 
 
 def test_the_budget_follows_pillows_setting(monkeypatch):

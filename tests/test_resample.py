@@ -1,4 +1,4 @@
-"""stoker.loader._resample: Pillow's antialiased resize (each of its filters), cut to a crop and
+"""stoker.decode._resample: Pillow's antialiased resize (each of its filters), cut to a crop and
 padded with zeros outside the resize, checked byte for byte against Pillow itself, and the Loader's
 exact path (a translated Resize + CenterCrop) built on it.
 
@@ -6,7 +6,7 @@ Pillow resizes in two passes with 8-bit rounding in between. Every Pillow before
 horizontal pass first; Pillow 13 runs the vertical one first where the height shrinks by more than
 twice as many pixels as the width. The extension takes the order as an argument (``passes``); the
 references here are two one-axis resizes in either order, and a single ``resize`` of the installed
-Pillow, whose order decode_crop.PILLOW_PASSES names.
+Pillow, whose order per_image.PILLOW_PASSES names.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 from PIL import Image
 
 import stoker
-from stoker.loader import decode_crop
-from stoker.loader.crops import RESAMPLE_FILTERS, exact_resize
-from stoker.loader.decode_crop import PILLOW_PASSES
+from stoker.decode import per_image
+from stoker.decode.crops import RESAMPLE_FILTERS, exact_resize
+from stoker.decode.per_image import PILLOW_PASSES
 
-_resample = pytest.importorskip("stoker.loader._resample", reason="C extension not built (no C compiler?)")
+_resample = pytest.importorskip("stoker.decode._resample", reason="C extension not built (no C compiler?)")
 resize_crop = _resample.resize_crop
 BILINEAR = Image.Resampling.BILINEAR
 
@@ -165,12 +165,12 @@ def test_the_exact_crop_is_pillows_with_and_without_the_extension(interpolation,
 
     outputs = []
     for extension in (counted, None):
-        decode_crop.resize_crop = extension
+        per_image.resize_crop = extension
         try:
             out = np.full((*size, 3), 7, np.uint8)
-            decode_crop.decode_into(data, spec, np.zeros((10, 4)), False, out)
+            per_image.decode_into(data, spec, np.zeros((10, 4)), False, out)
             outputs.append(out)
         finally:
-            decode_crop.resize_crop = resize_crop
+            per_image.resize_crop = resize_crop
     assert [args[1:] for args in calls] == [(*shape, *geometry)]  # the extension ran once, the fallback not
     assert np.array_equal(outputs[0], expected) and np.array_equal(outputs[1], expected)

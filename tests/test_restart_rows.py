@@ -27,7 +27,7 @@ from tests.conftest import encode, source_files
 from tests.test_jpeg_region import SCALES, _encode, _reference
 
 _jpeg_restart = pytest.importorskip("stoker.pack._jpeg_restart", reason="C extension not built (no libjpeg headers?)")
-_jpeg_region = pytest.importorskip("stoker.loader._jpeg_region", reason="C extension not built (no libjpeg headers?)")
+_jpeg_region = pytest.importorskip("stoker.decode._jpeg_region", reason="C extension not built (no libjpeg headers?)")
 transcode, NotTranscodable = _jpeg_restart.transcode, _jpeg_restart.NotTranscodable
 decode_region = _jpeg_region.decode_region
 

@@ -322,7 +322,7 @@ import torch.utils.data
 import stoker
 watched = stoker.watch(torch.utils.data.DataLoader(list(range(10)), batch_size=2), every=2, log=lambda line: None)
 assert [int(b.sum()) for b in watched] == [1, 5, 9, 13, 17]
-print(sorted(m for m in ("stoker.doctor", "stoker.loader", "stoker.loader.decode_crop", "cv2") if m in sys.modules))
+print(sorted(m for m in ("stoker.doctor", "stoker.loader", "stoker.decode.per_image", "cv2") if m in sys.modules))
 import stoker.watch
 from stoker.doctor import watch
 from stoker.watch import Watched, WatchSummary

@@ -15,9 +15,9 @@ from PIL import Image
 
 import stoker
 import stoker.augment as A
+from stoker.decode.crops import CropSpec
 from stoker.loader import native_chunk
-from stoker.loader.crops import CropSpec
-from stoker.loader.torchvision_plan import plan_transform
+from stoker.transforms.torchvision_plan import plan_transform
 
 pytest.importorskip("torchvision", reason="needs torchvision (make test runs these tests in .venv-tv)")
 timm_data = pytest.importorskip("timm.data", reason="needs timm (make test runs these tests in .venv-tv)")
@@ -35,7 +35,7 @@ def photo(height: int, width: int, seed: int) -> Image.Image:
 
 
 def test_timms_classes_are_the_torchvision_ops_they_are_taken_for():
-    """What transform_kinds.py assumes of each timm class, checked on pixels."""
+    """What kinds.py assumes of each timm class, checked on pixels."""
     image, tall = photo(75, 100, 0), photo(120, 50, 1)
     for timm_op, torchvision_op in ((timm_transforms.MaybeToTensor(), T.ToTensor()),
                                     (timm_transforms.MaybePILToTensor(), T.PILToTensor()),

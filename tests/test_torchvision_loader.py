@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 
 import stoker
 import stoker.augment as A
+from stoker.decode.crops import CropSpec, crop_box
 from stoker.loader import native_chunk
-from stoker.loader.crops import CropSpec, crop_box
-from stoker.loader.torchvision_plan import plan_transform
+from stoker.transforms.torchvision_plan import plan_transform
 
 pytest.importorskip("torchvision", reason="needs torchvision (make test runs these tests in .venv-tv)")
 import torchvision.transforms as T  # noqa: E402

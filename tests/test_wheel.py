@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.loader import decode_crop
+from stoker.decode import per_image
 from stoker.version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +44,8 @@ try:
 except ImportError:
     pass
 from stoker.env import report
-from stoker.loader import _jpeg_region
-from stoker.loader.decode_crop import decode_region
+from stoker.decode import _jpeg_region
+from stoker.decode.per_image import decode_region
 
 out = bytearray(4 << 20)
 rows, cols, dy, dx = decode_region(Path(photo).read_bytes(), **region, out=out)
@@ -78,7 +78,7 @@ def _namespace_refusal(tmp_path: Path) -> str | None:
 
 
 @pytest.mark.skipif(not WHEELS, reason="no wheel in dist/ for this Python: `make wheel` builds it (`make test` does)")
-@pytest.mark.skipif(decode_crop.decode_region is None, reason="C extension not built (no libjpeg headers?)")
+@pytest.mark.skipif(per_image.decode_region is None, reason="C extension not built (no libjpeg headers?)")
 def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path):
     refusal = _namespace_refusal(tmp_path)
     if refusal:
@@ -88,7 +88,7 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
     assert any(n.startswith("stoker.libs/libjpeg") for n in names), "no libjpeg grafted into the wheel"
     assert any("/licenses/libjpeg-turbo/" in n for n in names), "libjpeg-turbo's licence is not in the wheel"
     assert any("/licenses/xxhash/" in n for n in names), "xxHash's licence is not in the wheel (decode_chunk has its code)"
-    for extension in ("loader/_resample", "augment/_photometric"):
+    for extension in ("decode/_resample", "augment/_photometric"):
         assert f"stoker/{extension}.pyi" in names and any(
             n.startswith(f"stoker/{extension}.") and n.endswith(".so") for n in names), f"no {extension} extension"
 
@@ -105,12 +105,12 @@ def test_the_wheel_decodes_regions_without_the_systems_libjpeg(photos, tmp_path)
 
     photo = next(p for p in sorted(photos.rglob("*.jpg")))
     expected = bytearray(4 << 20)
-    rows, cols, dy, dx = decode_crop.decode_region(photo.read_bytes(), **REGION, out=expected)
+    rows, cols, dy, dx = per_image.decode_region(photo.read_bytes(), **REGION, out=expected)
     hidden = _hidden_files()
     assert any("libjpeg.so" in path for path in hidden) and any(path.endswith("jpeglib.h") for path in hidden)
     empty = tmp_path / "empty"
     empty.touch()
-    source_build = sys.modules["stoker.loader._jpeg_region"].__file__
+    source_build = sys.modules["stoker.decode._jpeg_region"].__file__
     arguments = json.dumps([REGION, str(photo), source_build, str(tmp_path / "block"), hidden])
     script = 'for f in "$@"; do mount --bind "$0" "$f"; done; exec "$PYTHON" -I -c "$CODE" "$ARGUMENTS"'
     run = subprocess.run(["unshare", "-m", "sh", "-c", script, str(empty), *hidden], capture_output=True, text=True,

@@ -159,7 +159,7 @@ class ShardDataset(torch.utils.data.Dataset):
     def image_reads(self, indices: np.ndarray) -> Iterator[ImageReads]:
         """Where the image bytes of samples ``indices`` are, as arrays, with their shard files held
         open while the block runs: for native code that reads and checks many samples without the
-        GIL (stoker/loader/decode_chunk.c). A shard on local disk and a node-cache copy that is
+        GIL (stoker/decode/decode_chunk.c). A shard on local disk and a node-cache copy that is
         there are such files (a copy is pinned: one evicted meanwhile is still the copy read).
         Samples it cannot describe so (shards read by range, or not in the node cache yet;
         samples without an image member; a shard that cannot be opened) are left out of

@@ -28,7 +28,7 @@ from stoker.errors import CorruptDataError, FormatError
 from stoker.format import ShardEntry, ShardIndex, file_checksum, member_checksum
 from stoker.storage.files import raise_if_out_of_files
 
-# A buffer a caller reuses to read members into (the Loader's are anonymous maps, see loader/buffers.py).
+# A buffer a caller reuses to read members into (the Loader's are anonymous maps, see decode/scratch.py).
 ReadBuffer = bytearray | mmap.mmap
 
 _RECENT_BLOCKS = 64

@@ -28,9 +28,9 @@ import simplejpeg
 import torch
 from PIL import Image
 
+from stoker.decode.crops import CropSpec, draw_batch
+from stoker.decode.per_image import decode_into
 from stoker.doctor.numbers import rounded
-from stoker.loader.crops import CropSpec, draw_batch
-from stoker.loader.decode_crop import decode_into
 from stoker.loader.opencv_threads import one_opencv_thread
 from stoker.pack.images import inspect_image, shrink_image
 from stoker.sources.inputs import BadInput

@@ -34,9 +34,9 @@ from stoker.doctor.storage_probe import resident, sequential_rate
 from stoker.doctor.timing import time_passes
 from stoker.errors import StokerError
 from stoker.loader import CropSpec, Loader
-from stoker.loader.torchvision_plan import is_torchvision, plan
 from stoker.pack import pack
 from stoker.storage import evict
+from stoker.transforms.torchvision_plan import is_torchvision, plan
 
 # Stages of a user's transform that stoker.Loader's default crop does itself (RandomResizedCrop
 # then a horizontal flip, as torchvision's and stoker's standard transform name them).

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from stoker.loader.crops import CROP_TRIES, CropSpec, crop_box
+from stoker.decode.crops import CROP_TRIES, CropSpec, crop_box
 
 
 class RandomResizedCrop:

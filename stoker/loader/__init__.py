@@ -1,6 +1,6 @@
 """The thread-pipelined loader: read, decode at reduced DCT scale, crop and batch, without processes."""
 
-from stoker.loader.crops import CropSpec
+from stoker.decode.crops import CropSpec
 from stoker.loader.from_source import loader_for
 from stoker.loader.loader import Loader
 

@@ -15,8 +15,8 @@ import torch
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix, is_clip_set
 from stoker.data.readable import fetches_per_process, storage_of
+from stoker.decode.crops import CropSpec
 from stoker.errors import OptionError
-from stoker.loader.crops import CropSpec
 from stoker.loader.plan import Description
 from stoker.sources.kinds import described
 

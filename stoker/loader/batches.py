@@ -31,9 +31,10 @@ import torch
 from stoker.data.epoch import RankBatches
 from stoker.data.readable import Readable, shard_bounds_of
 from stoker.data.skips import Skips
+from stoker.decode.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
+from stoker.decode.scratch import thread_buffer
 from stoker.errors import TransformError
-from stoker.loader.buffers import mapped_pixels, thread_buffer
-from stoker.loader.crops import CROP_TRIES, BatchDraws, CropSpec, draw_batch
+from stoker.loader.buffers import mapped_pixels
 
 SampleTransform = Callable[[torch.Tensor], torch.Tensor]
 OnError = Literal["raise", "skip"]

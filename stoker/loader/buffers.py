@@ -1,9 +1,5 @@
-"""Buffers the pipeline reuses: per thread from one image to the next, and a ring of batches.
-
-Fresh arrays for every image cost page faults on every image: measured here, 2 threads decoded
-~1,600 img/s into new arrays and ~2,600 into reused buffers, and reading a 78 KB member into new
-``bytes`` cost ~47 us of CPU against ~6 us into a reused buffer.
-"""
+"""The batches' memory: tensors over anonymous maps, and a ring of batches the Loader reuses.
+(Each thread's scratch memory, reused from one image to the next, is stoker/decode/scratch.py's.)"""
 
 from __future__ import annotations
 
@@ -11,27 +7,12 @@ import math
 import mmap
 import os
 import sys
-import threading
 
 import numpy as np
 import torch
 
+from stoker.decode.scratch import anonymous_map
 from stoker.errors import OptionError
-
-_local = threading.local()
-
-
-def thread_buffer(role: str, nbytes: int) -> mmap.mmap:
-    """This thread's buffer for ``role`` (``"read"``, ``"decode"``, ...), at least ``nbytes`` long.
-    An anonymous map, not populated: its pages become resident only when written, so a generous
-    size costs nothing. (A bytearray is zeroed, so every page of it is resident: the 16 MB read
-    buffer of each Loader thread was 16 MB of its memory, 32 of the 203 MB the Loader's 2 threads
-    held above an import-only process here.)"""
-    buffers = _local.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(role)
-    if buffer is None or len(buffer) < nbytes:
-        buffer = buffers[role] = _anonymous_map(nbytes, populate=False)
-    return buffer
 
 
 def mapped_pixels(shape: tuple[int, ...], memory: mmap.mmap | np.ndarray | None = None) -> torch.Tensor:
@@ -47,7 +28,7 @@ def mapped_pixels(shape: tuple[int, ...], memory: mmap.mmap | np.ndarray | None 
     if nbytes == 0:
         return torch.empty(shape, dtype=torch.uint8)
     if memory is None:
-        memory = _anonymous_map(nbytes)
+        memory = anonymous_map(nbytes)
     return torch.frombuffer(memory, dtype=torch.uint8, count=nbytes).view(shape)
 
 
@@ -87,7 +68,7 @@ class BatchRing:
                 return slot
         if len(self._memory) < self.slots:
             try:
-                self._memory.append(_anonymous_map(math.prod(self.shape)))
+                self._memory.append(anonymous_map(math.prod(self.shape)))
             except OSError as e:
                 raise self._too_large(f"cannot be allocated: {e.strerror}") from None
             return len(self._memory) - 1
@@ -114,7 +95,3 @@ def _physical_memory() -> int:
     """Bytes of memory this machine has (what no set of buffers may exceed)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
-
-def _anonymous_map(nbytes: int, populate: bool = True) -> mmap.mmap:
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-    return mmap.mmap(-1, max(1, nbytes), flags=flags)

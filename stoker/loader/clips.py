@@ -17,9 +17,9 @@ from functools import partial
 import numpy as np
 
 from stoker.data.mix import Mix
+from stoker.decode.crops import CropSpec
+from stoker.decode.per_image import crop_into, decode_into
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.crops import CropSpec
-from stoker.loader.decode_crop import crop_into, decode_into
 from stoker.video.dataset import VideoClipDataset
 
 

@@ -23,7 +23,7 @@ from stoker.loader.images import Images
 from stoker.loader.native_chunk import NativeChunk
 from stoker.loader.plan import LoaderPlan
 from stoker.loader.thread_augment import NativeAugment, OpenCvAugment
-from stoker.loader.torchvision_plan import PerSample
+from stoker.transforms.torchvision_plan import PerSample
 
 if TYPE_CHECKING:
     from stoker.video.dataset import VideoClipDataset

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from stoker.data.dataset import ShardDataset
+from stoker.decode.crops import BatchDraws, CropSpec, crop_box, pads
+from stoker.decode.per_image import decode_into
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.crops import BatchDraws, CropSpec, crop_box, pads
-from stoker.loader.decode_crop import decode_into
 from stoker.pixels import pixel_limit, too_many_pixels
 
 log = logging.getLogger(__name__)

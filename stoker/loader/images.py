@@ -1,6 +1,6 @@
 """Samples that are images, of a ShardDataset or a Mix of them, placed one at a time from Python:
 what the native chunk call leaves (not JPEG, CMYK, damaged, read remotely ...), or every sample
-where it does not run. The pixels are decode_crop.py's, which the native path follows."""
+where it does not run. The pixels are per_image.py's, which the native path follows."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 from stoker.data.dataset import ShardDataset
 from stoker.data.decode import decode_image
 from stoker.data.mix import Mix
+from stoker.decode.crops import CropSpec
+from stoker.decode.per_image import decode_into
+from stoker.decode.scratch import thread_buffer
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import CropSpec
-from stoker.loader.decode_crop import decode_into
 
 # Images larger than this are read into new bytes instead of the thread's reused buffer.
 _READ_BUFFER_BYTES = 16 << 20

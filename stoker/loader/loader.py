@@ -25,12 +25,12 @@ from stoker.data.mix import Mix
 from stoker.data.passes import Passes, PassesReader
 from stoker.data.readable import reads_ahead, storage_lines_of, storage_of
 from stoker.data.readahead import ReadsAhead
+from stoker.decode.crops import CropSpec
 from stoker.env import warn_fallback_once
 from stoker.errors import OptionError
 from stoker.loader.arguments import check_crop, check_transform, describe, device_of
 from stoker.loader.batches import BatchMaker, Made, OnError, SampleTransform
 from stoker.loader.buffers import BatchRing
-from stoker.loader.crops import CropSpec
 from stoker.loader.delivery import deliver
 from stoker.loader.engine import engine_for
 from stoker.loader.opencv_threads import with_one_opencv_thread

@@ -1,15 +1,15 @@
 """The native path of a batch: one C call (``decode_chunk`` in ``_jpeg_region``) reads, checks,
 decodes, crops, resizes and flips a whole chunk of samples with the GIL released.
 
-Per image from Python (decode_crop.py), the work around the C calls held the GIL for 50-80 us per
+Per image from Python (per_image.py), the work around the C calls held the GIL for 50-80 us per
 image, so a process's threads stopped adding speed after a few cores (issue 30's py-spy figures).
 Here Python runs once per chunk: it describes the chunk's reads as arrays
 (:meth:`ShardDataset.image_reads`), calls ``decode_chunk``, and learns which samples were made;
 :class:`NativeChunk`, the batch engine's decode strategy for it, hands the rest (not JPEG, CMYK,
 damaged, read by range from a URL, or of a shard not yet in the node cache: a node-cached copy
 that is there is read natively) to the engine's per-image path (images.py,
-decode_crop.py), which decodes what Pillow can and raises or skips as ``on_error`` says.
-The pixels are decode_crop.py's: the C code follows its steps and resizes as cv2.resize does, or,
+per_image.py), which decodes what Pillow can and raises or skips as ``on_error`` says.
+The pixels are per_image.py's: the C code follows its steps and resizes as cv2.resize does, or,
 for an exact crop (a translated Resize + CenterCrop), decodes the whole image as simplejpeg does and
 resizes as Pillow does (the _resample extension's code, compiled into both).
 """
@@ -24,14 +24,14 @@ import torch
 
 from stoker.data.dataset import ShardDataset
 from stoker.data.mix import Mix
+from stoker.decode.crops import RESAMPLE_FILTERS, BatchDraws, CropSpec
+from stoker.decode.per_image import PILLOW_PASSES
 from stoker.loader.batches import Batch, BatchMaker
-from stoker.loader.crops import RESAMPLE_FILTERS, BatchDraws, CropSpec
-from stoker.loader.decode_crop import PILLOW_PASSES
 from stoker.pixels import native_limit, pixel_limit
 
 decode_chunk: Callable[..., int] | None  # None: the region-decode extension is not built
 try:
-    from stoker.loader._jpeg_region import decode_chunk
+    from stoker.decode._jpeg_region import decode_chunk
 except ImportError:  # its absence is reported once by stoker.env (the region decode's warning)
     decode_chunk = None
 

@@ -30,12 +30,12 @@ from stoker.augment.native import supports
 from stoker.augment.pipeline import Augment
 from stoker.counters import available_memory
 from stoker.data.world import local_world_size
+from stoker.decode.crops import CropSpec
 from stoker.errors import OptionError
 from stoker.loader import native_chunk
-from stoker.loader.crops import CropSpec
-from stoker.loader.torchvision_plan import Step, TransformPlan, plan
 from stoker.loader.workers import WorkerChoice, available_cores, choose_workers
 from stoker.storage.remote import DOWNLOAD_PART
+from stoker.transforms.torchvision_plan import Step, TransformPlan, plan
 from stoker.tune.settings import INF, Bounds, Settings, loader_bounds, loader_start
 from stoker.tune.tuner import Decision
 

@@ -17,8 +17,8 @@ import torch
 
 from stoker.augment.native import NativeOps, augment_chunk, encode
 from stoker.augment.pipeline import Augment, Draws
+from stoker.decode.scratch import thread_buffer
 from stoker.loader.batches import Batch
-from stoker.loader.buffers import thread_buffer
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``stoker pack --restart-rows``: sequential JPEGs transcoded losslessly with restart markers.
 
 A reader that knows where each MCU row's entropy-coded data starts decodes only the rows (and
-the parts of rows) its crop needs: the Loader's region decode (stoker/loader/_jpeg_region.c).
+the parts of rows) its crop needs: the Loader's region decode (stoker/decode/_jpeg_region.c).
 The transcode and its check run in C (``_jpeg_restart.c``); images it does not transcode are
 stored as they are, and the reason is counted.
 """

@@ -86,7 +86,7 @@ class VideoClipDataset(torch.utils.data.Dataset):
             for k, (i, data) in enumerate(zip(wanted, jpegs, strict=True)):
                 with video.failure(f"frame {int(i)} does not decode"):
                     # simplejpeg straight into the clip array: ~25% less CPU per frame than Pillow
-                    # (see stoker/loader/decode_crop.py), and no copy to stack the frames
+                    # (see stoker/decode/per_image.py), and no copy to stack the frames
                     simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, buffer=images[k])
         else:
             images = self.decode_video(video, wanted)

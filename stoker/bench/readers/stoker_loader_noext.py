@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-EXTENSION = "stoker.loader._jpeg_region"
+EXTENSION = "stoker.decode._jpeg_region"
 
 
 class RefuseRegionDecode:
@@ -22,6 +22,6 @@ if __name__ == "__main__":
     import stoker_loader  # after the hook: it imports the Loader's modules at once
 
     stoker_loader.main()
-    decode_crop = sys.modules.get("stoker.loader.decode_crop")  # imported by a run, not by prepare
-    if decode_crop is not None and decode_crop.decode_region is not None:
+    per_image = sys.modules.get("stoker.decode.per_image")  # imported by a run, not by prepare
+    if per_image is not None and per_image.decode_region is not None:
         sys.exit(f"{EXTENSION} was used: this row did not measure the fallback")

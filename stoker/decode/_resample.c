@@ -1,5 +1,5 @@
-/* stoker.loader._resample: resize_crop, Pillow's antialiased resize cut to a crop, for
-   the per-image exact path (decode_crop.py). The arithmetic is pillow_resample.c's, which
+/* stoker.decode._resample: resize_crop, Pillow's antialiased resize cut to a crop, for
+   the per-image exact path (per_image.py). The arithmetic is pillow_resample.c's, which
    decode_chunk.c's exact crops share; this file is its Python binding. */
 
 #define PY_SSIZE_T_CLEAN
@@ -14,7 +14,7 @@ PyDoc_STRVAR(resize_crop_doc,
 "Resize the RGB image ``src`` (height x width x 3 bytes, C order) to resized_height x resized_width\n"
 "with Pillow's antialiased ``filter`` (an index of crops.RESAMPLE_FILTERS: 0 bilinear, 1 bicubic, 2 Lanczos,\n"
 "3 Hamming, 4 box), its two passes in the order ``passes`` says (0: horizontal first, as Pillow before 13;\n"
-"1: as Pillow 13; decode_crop.PILLOW_PASSES), and write the out_height x out_width part whose top-left\n"
+"1: as Pillow 13; per_image.PILLOW_PASSES), and write the out_height x out_width part whose top-left\n"
 "pixel is (top, left) into\n"
 "``out``: the bytes of Pillow's ``resize`` then ``crop``, 0 where the crop lies outside the resize (what\n"
 "CenterCrop pads; top and left may be negative). The GIL is released.");

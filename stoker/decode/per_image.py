@@ -22,13 +22,13 @@ import PIL
 import simplejpeg
 from PIL import Image
 
-from stoker.loader.buffers import thread_buffer
-from stoker.loader.crops import RESAMPLE_FILTERS, CropSpec, crop_box, exact_resize, pads
+from stoker.decode.crops import RESAMPLE_FILTERS, CropSpec, crop_box, exact_resize, pads
+from stoker.decode.scratch import thread_buffer
 from stoker.pixels import check_pixels, native_limit, pixel_limit
 
 decode_region: Callable[..., tuple[int, int, int, int]] | None  # None: the extension is not built
 try:  # built where libjpeg's headers were found (see setup.py); without it, whole images are decoded
-    from stoker.loader._jpeg_region import RestartTableError, decode_region
+    from stoker.decode._jpeg_region import RestartTableError, decode_region
 except ImportError:
     decode_region = None
 
@@ -37,7 +37,7 @@ except ImportError:
 
 resize_crop: Callable[..., None] | None  # None: not built (no C compiler); Pillow resizes instead
 try:
-    from stoker.loader._resample import resize_crop
+    from stoker.decode._resample import resize_crop
 except ImportError:
     resize_crop = None
 

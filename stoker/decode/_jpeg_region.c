@@ -75,7 +75,7 @@ static size_t interval_start(const Table *t, size_t i) {
  * between them renumbered from RST0 (libjpeg checks the sequence), and EOI. Each marker the strip
  * relies on must be where the table says, so a damaged table or scan is an error, never other
  * rows. Every pixel comes out as in a decode of the whole file: with the fast IDCT and no fancy
- * upsampling, each depends only on its own MCU (see _decode_region in decode_crop.py). */
+ * upsampling, each depends only on its own MCU (see _decode_region in per_image.py). */
 static int make_strip(Job *job) {
     const unsigned char *d = job->data, *table = NULL;
     size_t pos = 2, sof = 0, table_length = 0, end, total, i, out;
@@ -363,7 +363,7 @@ PyMODINIT_FUNC PyInit__jpeg_region(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     RestartTableError = PyErr_NewExceptionWithDoc(
-        "stoker.loader._jpeg_region.RestartTableError",
+        "stoker.decode._jpeg_region.RestartTableError",
         "A JPEG's restart table (stoker pack --restart-rows) does not match its scan: damaged data.", PyExc_ValueError, NULL);
     if (RestartTableError == NULL || PyModule_AddObjectRef(m, "RestartTableError", RestartTableError) < 0 ||
         PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", STRINGIFY(LIBJPEG_TURBO_VERSION)) < 0 ||

@@ -1,5 +1,5 @@
 /* Pillow's antialiased resize, cut to a crop (pillow_resample.c): compiled into
- * stoker.loader._resample (resize_crop) and stoker.loader._jpeg_region (decode_chunk.c's exact crops). */
+ * stoker.decode._resample (resize_crop) and stoker.decode._jpeg_region (decode_chunk.c's exact crops). */
 #ifndef STOKER_PILLOW_RESAMPLE_H
 #define STOKER_PILLOW_RESAMPLE_H
 
@@ -12,7 +12,7 @@ enum { FILTER_BILINEAR = 0, FILTER_BICUBIC = 1, FILTER_LANCZOS = 2, FILTER_HAMMI
 
 /* Which pass Pillow runs first (the passes round to 8 bits in between): the horizontal one always
  * (Pillow before 13), or the vertical one where the height shrinks by more than twice as many
- * pixels as the width (Pillow 13). decode_crop.PILLOW_PASSES says which the installed Pillow does. */
+ * pixels as the width (Pillow 13). per_image.PILLOW_PASSES says which the installed Pillow does. */
 enum { PASSES_HORIZONTAL_FIRST = 0, PASSES_PILLOW_13 = 1 };
 
 /* Whether pillow_resize_crop takes these sizes: every side 1..2^20 and the crop's offsets within

@@ -7,7 +7,7 @@
                                 -> per sample, exactly as given, on what it would get from ImageFolder
 
 :func:`plan_transform` is pure: it reads only the transforms' class names, modules, class
-hierarchy and attributes (transform_kinds.py: torchvision's classes, subclasses that keep their
+hierarchy and attributes (kinds.py: torchvision's classes, subclasses that keep their
 behaviour, timm's equivalents), so nothing here imports torchvision or timm (a user who passes
 none need not have them). Results are what the pipeline gives through a DataLoader over
 ImageFolder: same dtype, range, shape and normalisation; random ops drawn from the same ranges
@@ -23,10 +23,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from stoker.decode.crops import RESAMPLE_FILTERS, CropSpec, Interpolation
 from stoker.errors import OptionError
-from stoker.loader.batched_ops import BatchedOps, Stage
-from stoker.loader.crops import RESAMPLE_FILTERS, CropSpec, Interpolation
-from stoker.loader.transform_kinds import describe, flatten, interpolations, kind_name, kind_of, pair, two
+from stoker.transforms.batched_ops import BatchedOps, Stage
+from stoker.transforms.kinds import describe, flatten, interpolations, kind_name, kind_of, pair, two
 
 Given = Literal["pil", "tensor", "tv_image"]  # what the per-sample part is handed
 
@@ -101,7 +101,7 @@ class PerSample:
 
 
 def is_torchvision(transform: Any) -> bool:
-    """A transform of torchvision (v1 or v2) or one that is a torchvision op (transform_kinds.py:
+    """A transform of torchvision (v1 or v2) or one that is a torchvision op (kinds.py:
     a subclass that keeps its behaviour, timm's equivalents), or a torch Sequential of them."""
     return kind_name(transform) is not None or (
         isinstance(transform, torch.nn.Sequential) and any(is_torchvision(t) for t in transform))

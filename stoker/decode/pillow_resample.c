@@ -15,8 +15,8 @@
    + crop, for each filter). Built with -ffp-contract=off: a fused multiply-add would round the
    filter's weights differently from Pillow's build.
 
-   One source, compiled into two extensions (setup.py): stoker.loader._resample (resize_crop, for
-   the per-image path, decode_crop.py) and stoker.loader._jpeg_region (decode_chunk.c's exact
+   One source, compiled into two extensions (setup.py): stoker.decode._resample (resize_crop, for
+   the per-image path, per_image.py) and stoker.decode._jpeg_region (decode_chunk.c's exact
    crops), so both give the same bytes by construction. */
 
 #include "pillow_resample.h"

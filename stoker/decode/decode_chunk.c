@@ -1,14 +1,14 @@
 /* decode_chunk: a chunk of a batch's samples read, checked, decoded, cropped, resized and flipped
  * into their slots in one call, without the GIL.
  *
- * Done per image from Python (decode_crop.py), the work between the C calls held the GIL for
+ * Done per image from Python (per_image.py), the work between the C calls held the GIL for
  * 50-80 us per image, so a process's threads stopped adding speed after a few cores. Here Python
  * plans a chunk once (which file, offset, size and checksum each sample has, its random draws) and
- * this loop does the rest per sample, the same steps as decode_crop.py's fast path: the crop box
+ * this loop does the rest per sample, the same steps as per_image.py's fast path: the crop box
  * (crops.py's rule), the DCT scale, the region decode (region_decode in _jpeg_region.c, strips of
  * restart-marker packs included), the cut, halving an axis that shrinks 2x or more, the bilinear
  * resize (bilinear.c: cv2.resize's pixels) and the flip. An exact crop (CropSpec.exact: a
- * translated Resize + CenterCrop) takes decode_crop.py's exact path instead: the whole image
+ * translated Resize + CenterCrop) takes per_image.py's exact path instead: the whole image
  * decoded as simplejpeg's default decode, then Pillow's resize with the Resize's filter computed
  * for the crop's pixels, zeros where CenterCrop pads (pillow_resample.c, which the _resample
  * extension shares), and the flip. Its pixels are the Python path's; the tests compare the two.
@@ -40,7 +40,7 @@
 enum { DONE = 0, READ_FAILED = 1, NOT_DECODED = 2 };
 enum { RANDOM_RESIZED = 0, CENTER = 1, RESIZE = 2 };
 #define CROP_TRIES 10 /* crops.CROP_TRIES */
-#define STRIP_SLACK 64 /* decode_crop._STRIP_SLACK */
+#define STRIP_SLACK 64 /* per_image._STRIP_SLACK */
 
 typedef struct {
     int kind, out_h, out_w, restarts, exact, filter, passes;
@@ -137,7 +137,7 @@ static Box crop_box(const Spec *s, long h, long w, const double *tries) {
     }
 }
 
-/* decode_crop._dct_scale: the largest of 1, 2, 4, 8 at which the box keeps the output's pixels. */
+/* per_image._dct_scale: the largest of 1, 2, 4, 8 at which the box keeps the output's pixels. */
 static int dct_scale(const Spec *s, Box box) {
     int scale = 1;
     while (scale < 8 && box.height >= 2L * scale * s->out_h && box.width >= 2L * scale * s->out_w) scale *= 2;
@@ -173,7 +173,7 @@ static int read_exactly(int fd, unsigned char *into, size_t size, off_t offset) 
     return 0;
 }
 
-/* decode_crop._crop_resize: the box (full-resolution pixels) cut from `block`, the region decoded
+/* per_image._crop_resize: the box (full-resolution pixels) cut from `block`, the region decoded
  * at 1/scale whose top-left pixel is `origin` of the scaled image; halved while an axis shrinks 2x
  * or more, resized into `out`, flipped. The cut is clamped to the block as numpy's slice is. */
 static int crop_resize(Pixels block, long origin_y, long origin_x, long scaled_h, long scaled_w, long h, long w, Box box,
@@ -205,7 +205,7 @@ static int crop_resize(Pixels block, long origin_y, long origin_x, long scaled_h
     return 0;
 }
 
-/* decode_crop._resample_exact on the image `data` (h x w): decoded whole as simplejpeg's default
+/* per_image._resample_exact on the image `data` (h x w): decoded whole as simplejpeg's default
  * decode, resized as torchvision's Resize does with Pillow and cut (or padded) as CenterCrop does, flipped. */
 static int exact_crop(const Spec *spec, const unsigned char *data, size_t size, long h, long w, int flip, Pixels out,
                       Buffers *buffers) {
@@ -297,8 +297,8 @@ const char DECODE_CHUNK_DOC[] =
     "checksums uint64 (m,) (their xxh3-64) or None not to check; tries float64 (m, 10, 4) and flips\n"
     "uint8 (m,): the crop draws (crops.draw_batch); positions int64 (m,): each sample's slot in out;\n"
     "spec (kind 0/1/2 = random_resized/center/resize, out_h, out_w, scale_lo, scale_hi, ratio_lo,\n"
-    "ratio_hi, center_fraction, restarts, exact: decode_crop.py's exact path, Pillow's resize, filter: its\n"
-    "index in crops.RESAMPLE_FILTERS, passes: decode_crop.PILLOW_PASSES); out: a\n"
+    "ratio_hi, center_fraction, restarts, exact: per_image.py's exact path, Pillow's resize, filter: its\n"
+    "index in crops.RESAMPLE_FILTERS, passes: per_image.PILLOW_PASSES); out: a\n"
     "writable (N, out_h, out_w, 3) uint8 buffer; status: a writable uint8 (m,) buffer, each sample's\n"
     "outcome (0 done, 1 read failed or checksum mismatch, 2 not decoded here); max_pixels: the pixel\n"
     "budget, a JPEG of more pixels by its header is not decoded here (status 2). Returns how many\n"

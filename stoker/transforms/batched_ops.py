@@ -1,6 +1,6 @@
 """The transforms after a pipeline's crop that stoker.augment runs batched, translated into its ops.
 
-Each recognised transform (transform_kinds.py) has a method named after it that returns the
+Each recognised transform (kinds.py) has a method named after it that returns the
 stoker.augment op (or None: a conversion that changes only the stage and dtype) and why, or the
 reason it is not fused; the first transform not taken, and all after it, run per sample.
 """
@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 import torch
 
 import stoker.augment as A
-from stoker.loader.transform_kinds import flatten, interpolations, kind_name, two
+from stoker.transforms.kinds import flatten, interpolations, kind_name, two
 
 Stage = Literal["pil", "uint8", "float"]  # what the image is at a point of the pipeline
 _GEOMETRIC = ("RandomHorizontalFlip", "RandomVerticalFlip", "RandomRotation", "RandomAffine")

@@ -1,5 +1,5 @@
 /* The region decode of _jpeg_region.c, shared with decode_chunk.c (both are compiled into the
- * stoker.loader._jpeg_region extension). Include after Python.h. */
+ * stoker.decode._jpeg_region extension). Include after Python.h. */
 #ifndef STOKER_REGION_H
 #define STOKER_REGION_H
 
@@ -13,7 +13,7 @@ typedef struct {
     size_t size;
     Py_ssize_t top, left, height, width;
     int scale;
-    int exact; /* decoded as simplejpeg's default (decode_crop.py's exact path): the accurate IDCT and fancy
+    int exact; /* decoded as simplejpeg's default (per_image.py's exact path): the accurate IDCT and fancy
                   upsampling, the region the whole image at scale 1, read to its end (EOI) */
     uint64_t max_pixels; /* the pixel budget (stoker/pixels.py): a larger image, by its header, fails before
                             libjpeg allocates anything for its size */
