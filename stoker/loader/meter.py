@@ -25,6 +25,9 @@ from stoker.tune.estimate import Window
 # A window holds at least this many batches and seconds: enough to average a few batches' noise,
 # few enough that a tuner settles within a few seconds.
 WINDOW_BATCHES, WINDOW_SECONDS = 3, 0.5
+# What a window starts and ends at: the process's CPU time, its cores' busy time (None: not readable),
+# its disk reads, and the stores' requests, bytes and seconds
+Counters = tuple[float, float | None, int, tuple[float, float, float]]
 
 
 class Meter:
@@ -77,11 +80,11 @@ class Meter:
         self._start(counters)  # the next window begins where this one ended: the counters read once
         return window
 
-    def _counters(self) -> tuple[float, float | None, int, tuple[float, float, float]]:
+    def _counters(self) -> Counters:
         """The process's CPU time, its cores' busy time, its disk reads and the stores' counts, now."""
         return time.process_time(), busy_cpu_seconds(self._cpus), own_read_bytes(), self._remote()
 
-    def _start(self, counters: tuple[float, float | None, int, tuple[float, float, float]]) -> None:
+    def _start(self, counters: Counters) -> None:
         """Begin a window at ``counters`` (:meth:`_counters`)."""
         self._started = time.perf_counter()
         self._process_cpu, self._cores_busy, self._disk, self._remote_start = counters

@@ -150,8 +150,7 @@ class LoaderPlan:
     def tuned(self, decision: Decision) -> LoaderPlan:
         """The plan after the tuner's ``decision``: its settings, the decision logged (the latest
         :data:`DECISIONS_KEPT`)."""
-        workers = (decision.settings.processes, decision.settings.threads) != (self.settings.processes,
-                                                                               self.settings.threads)
+        workers = decision.settings.worker_layout != self.settings.worker_layout
         return replace(self, settings=decision.settings, decisions=(*self.decisions, decision)[-DECISIONS_KEPT:],
                        why_workers=f"tuned: {decision.describe()}" if workers else self.why_workers)
 

@@ -80,7 +80,7 @@ class Tuning:
             self.apply(plan.settings, ahead)
             # Made, or queued, the way they were; and a new pool's first batch, made beside the old
             # pool's last ones (measured here: a trial of 6 threads for 3 read ~5% slow without it).
-            new_workers = (plan.settings.processes, plan.settings.threads) != (before.processes, before.threads)
+            new_workers = plan.settings.worker_layout != before.worker_layout
             self.meter.skip(plan.settings.prefetch + 1 + new_workers)
         return plan
 

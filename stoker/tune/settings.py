@@ -32,6 +32,11 @@ class Settings:
         """Threads making samples, in all processes."""
         return self.threads * max(1, self.processes)
 
+    @property
+    def worker_layout(self) -> tuple[int, int]:
+        """(processes, threads per process): a change in it makes a new pool of workers."""
+        return self.processes, self.threads
+
     def describe(self) -> str:
         """One line: '3 threads, prefetch 2, read-ahead 16 blocks, 16 reads in flight of 2 MiB'."""
         workers = (f"{self.processes} processes x {self.threads} threads" if self.processes
